@@ -1,0 +1,3 @@
+"""kerneltriage: ask the three questions before writing a GPU kernel, and measure the answers."""
+
+__version__ = "0.1.0"

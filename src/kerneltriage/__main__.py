@@ -1,0 +1,3 @@
+from kerneltriage.cli.main import main
+
+raise SystemExit(main())
