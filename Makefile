@@ -1,0 +1,29 @@
+# Two commands for a fresh machine:
+#   make run    installs everything into .venv and runs the main job on the default model
+#   make test   installs everything into .venv and runs the test suite
+# TORCH picks the PyTorch build; override it for a CUDA machine, e.g. make run TORCH=torch==2.11.0
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test install clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/kerneltriage generate --chat --prompt "What are three ways to make LLM inference faster?" --max-tokens 96
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV)

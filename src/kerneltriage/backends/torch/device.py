@@ -1,0 +1,31 @@
+"""Device and dtype choice: CUDA in bf16 when there is a GPU, else CPU in float32."""
+
+from __future__ import annotations
+
+import torch
+
+from kerneltriage.core.errors import InputError
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """`auto` → cuda if visible, else cpu. Asking for cuda without a GPU is an InputError."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name not in ("cuda", "cpu") and not name.startswith("cuda:"):
+        raise InputError(f"--device {name!r}: expected auto, cuda, cuda:N or cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"--device {name}: no CUDA device is visible to torch {torch.__version__}")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
+    """Default bf16 on CUDA, float32 on CPU."""
+    if name is None or name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise InputError(f"--dtype {name!r}: expected one of {', '.join(DTYPES)}") from None

@@ -1,0 +1,90 @@
+"""Build a torch Model from a Checkpoint: stored tensors dequantized on the target device, or
+random weights for presets, created there directly (no CPU round trip for 8B)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kerneltriage.backends.torch.dequant import dequantize
+from kerneltriage.backends.torch.models.llama import Model, RMSNorm, rope_inv_freq
+from kerneltriage.core.errors import InputError
+from kerneltriage.engine.checkpoint import Checkpoint
+from kerneltriage.engine.presets import PRESET_SEED
+
+# internal layer suffix → attribute path inside a TransformerBlock
+_LAYER_PARAMS = {
+    "attn_norm": "input_layernorm.weight",
+    "q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight", "v": "self_attn.v_proj.weight",
+    "o": "self_attn.o_proj.weight",
+    "q_bias": "self_attn.q_proj.bias", "k_bias": "self_attn.k_proj.bias", "v_bias": "self_attn.v_proj.bias",
+    "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight",
+    "mlp_norm": "post_attention_layernorm.weight",
+    "gate": "mlp.gate_proj.weight", "up": "mlp.up_proj.weight", "down": "mlp.down_proj.weight",
+}
+_GLOBAL_PARAMS = {"embed": "embed_tokens.weight", "norm": "norm.weight", "lm_head": "lm_head.weight"}
+INIT_STD = 0.02
+
+
+def param_name(internal: str) -> str | None:
+    """Our internal tensor name → the Model's parameter name (None for non-parameters like rope_freqs)."""
+    if internal in _GLOBAL_PARAMS:
+        return _GLOBAL_PARAMS[internal]
+    if internal.startswith("layers."):
+        _, index, suffix = internal.split(".", 2)
+        return f"layers.{index}.{_LAYER_PARAMS[suffix]}"
+    return None
+
+
+def load_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Model:
+    """A ready Model on `device` in `dtype` (norm weights too), weights tied where the config says so."""
+    config = checkpoint.config
+    with torch.device("meta"):
+        model = Model(config)
+    model.tie_weights()
+    model = model.to_empty(device=device).to(dtype)
+    model.tie_weights()
+    if config.random_weights:
+        _fill_random(model, device)
+    else:
+        _fill_from_checkpoint(model, checkpoint, device, dtype)
+    freq_factors = checkpoint.tensors.get("rope_freqs")
+    factors = dequantize(freq_factors, device, torch.float32) if freq_factors is not None else None
+    model.inv_freq.copy_(rope_inv_freq(config, factors))
+    return model.eval().requires_grad_(False)
+
+
+def _fill_from_checkpoint(model: Model, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> None:
+    params = dict(model.named_parameters(remove_duplicate=False))
+    expected = set(params)
+    if model.config.tie_embeddings:
+        expected.discard("lm_head.weight")
+    for internal, raw in checkpoint.tensors.items():
+        name = param_name(internal)
+        if name is None:
+            continue
+        if name not in params:
+            raise InputError(f"{checkpoint.source}: tensor {internal} has no place in a {model.config.arch} model")
+        target = params[name]
+        if tuple(raw.shape) != tuple(target.shape):
+            raise InputError(f"{checkpoint.source}: {internal} has shape {raw.shape}, expected {tuple(target.shape)}")
+        with torch.no_grad():
+            target.copy_(dequantize(raw, device, dtype))
+        expected.discard(name)
+    if expected:
+        raise InputError(f"{checkpoint.source}: missing tensors for {', '.join(sorted(expected)[:4])}")
+
+
+def _fill_random(model: Model, device: torch.device) -> None:
+    """Deterministic N(0, 0.02) weights (norms at 1, biases at 0), generated on the device itself."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(PRESET_SEED)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                module.weight.normal_(0.0, INIT_STD, generator=generator)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+            elif isinstance(module, RMSNorm):
+                module.weight.fill_(1.0)
+

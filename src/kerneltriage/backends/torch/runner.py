@@ -1,0 +1,56 @@
+"""A loaded model ready to run: the model, its cache, and the step functions that levers replace."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from kerneltriage.backends.torch.cache import KVCache
+from kerneltriage.backends.torch.models.llama import Model
+from kerneltriage.engine.checkpoint import Checkpoint
+
+# (model, tokens (1, T), start) -> logits (1, V) of the last position
+StepFn = Callable[[Model, torch.Tensor, int], torch.Tensor]
+
+
+def prefill(model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
+    """The stock prefill: logits for every prompt position, the last one kept."""
+    return model(tokens, start)[:, -1]
+
+
+def decode_one(model: Model, token: torch.Tensor, start: int) -> torch.Tensor:
+    """One decode step for token (1, 1) at position `start`."""
+    return model(token, start)[:, -1]
+
+
+@dataclass
+class Runner:
+    model: Model
+    checkpoint: Checkpoint
+    device: torch.device
+    dtype: torch.dtype
+    prefill: StepFn = prefill
+    decode: StepFn = decode_one
+    levers: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def config(self):  # noqa: ANN201 - ModelConfig, re-exported for callers
+        return self.checkpoint.config
+
+    def reset_cache(self, needed: int, batch: int = 1) -> KVCache:
+        """A cache with room for `needed` positions; reused (and emptied) when the current one is big enough."""
+        cache = self.model.cache
+        if cache is None or cache.max_len < needed or cache.keys.shape[1] != batch:
+            self.model.cache = None  # free the old one before allocating
+            cache = KVCache(self.config, needed, batch, self.device, self.dtype)
+            self.model.cache = cache
+        cache.trim(0)
+        return cache
+
+
+def build_runner(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Runner:
+    from kerneltriage.backends.torch.load import load_model
+
+    return Runner(load_model(checkpoint, device, dtype), checkpoint, device, dtype)

@@ -1,0 +1,107 @@
+"""`kerneltriage generate`: stream a completion from the reference engine, then one summary line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from kerneltriage.core.errors import InputError
+
+EPILOG = """examples:
+  kerneltriage generate --prompt "The capital of France is"
+  kerneltriage generate --chat --prompt "Write a haiku about GPUs" --temperature 0.7 --seed 1
+  kerneltriage generate --model llama3-8b --prompt hi --max-tokens 64   (random weights: speed only)
+  kerneltriage generate --model ./Qwen3-0.6B --device cpu --dtype bf16 --levers last_logits
+
+--model takes 'default' (SmolLM2-135M-Instruct, fetched into the user cache on first use), a preset
+(real shapes, random weights), a .gguf file or a Hugging Face folder (config.json + *.safetensors)."""
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model/--device/--dtype/--levers, shared by every command that runs the engine."""
+    parser.add_argument("--model", default="default", help="default | preset | FILE.gguf | HF folder (default: %(default)s)")
+    parser.add_argument("--device", default="auto", help="auto | cuda | cuda:N | cpu (default: auto = cuda if visible)")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, float32 on cpu) | float32 | bf16 | fp16")
+    parser.add_argument("--levers", default="", help="comma-separated levers to switch on, e.g. last_logits")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "generate", help="run the reference engine and stream text",
+        description="Generate text with the reference engine; ends with prompt tokens, prefill and decode "
+        "tok/s and peak memory.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_arguments(parser)
+    parser.add_argument("--prompt", required=True, help="the prompt text")
+    parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    parser.add_argument("--max-tokens", type=int, default=128, help="new tokens at most (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p × the top probability")
+    parser.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kerneltriage.backends.torch.generate import stream_generate
+    from kerneltriage.engine.sampling import SamplingParams
+    from kerneltriage.engine.sources import load_checkpoint
+
+    try:
+        params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
+    except ValueError as exc:
+        raise InputError(f"sampling: {exc}") from None
+    checkpoint = load_checkpoint(args.model)
+    prompt = encode_prompt(checkpoint, args.prompt, args.chat)
+    runner = build_runner_from_args(checkpoint, args)
+    last = None
+    for last in stream_generate(runner, prompt, params, args.max_tokens, tuple(args.stop)):
+        sys.stdout.write(last.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    print(summary_line(runner, last), file=sys.stderr)
+    return 0
+
+
+def build_runner_from_args(checkpoint, args: argparse.Namespace):  # noqa: ANN001, ANN201 - torch types, lazily
+    """Device, dtype and levers from the flags; load the weights there; say how long that took."""
+    from kerneltriage.backends.torch.accelerate import apply_levers
+    from kerneltriage.backends.torch.device import resolve_device, resolve_dtype
+    from kerneltriage.backends.torch.runner import build_runner
+    from kerneltriage.engine.levers import parse_levers
+
+    levers = parse_levers(args.levers)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    started = time.perf_counter()
+    runner = apply_levers(build_runner(checkpoint, device, dtype), levers)
+    note = " — RANDOM WEIGHTS: speed only, the text is noise" if checkpoint.config.random_weights else ""
+    print(f"loaded {checkpoint.source} on {device} ({str(dtype).removeprefix('torch.')}) "
+          f"in {time.perf_counter() - started:.1f} s{note}", file=sys.stderr)
+    return runner
+
+
+def encode_prompt(checkpoint, text: str, chat: bool) -> list[int]:  # noqa: ANN001 - engine Checkpoint
+    """Token ids of the prompt; one that leaves no room in the context is an InputError, before any loading."""
+    tokenizer = checkpoint.tokenizer
+    if chat:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        ids = tokenizer.encode(text, add_special=False)
+    else:
+        ids = tokenizer.encode(text)
+    context = checkpoint.config.max_context
+    if len(ids) >= context:
+        raise InputError(f"--prompt of {len(ids)} tokens: expected fewer than the model's context of {context}")
+    return ids
+
+
+def summary_line(runner, last) -> str:  # noqa: ANN001
+    if last is None:
+        return "no tokens generated"
+    levers = ",".join(runner.levers) or "none"
+    return (f"prompt {last.prompt_tokens} tok | prefill {last.prompt_tps:,.1f} tok/s | "
+            f"decode {last.generation_tps:,.1f} tok/s ({last.generation_tokens} tok) | "
+            f"peak memory {last.peak_memory / 1e6:,.0f} MB | levers {levers}")

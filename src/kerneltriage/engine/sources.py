@@ -1,0 +1,59 @@
+"""Resolve `--model` (default | preset name | GGUF file | HF safetensors folder) into a Checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kerneltriage.core.errors import InputError
+from kerneltriage.engine.checkpoint import Checkpoint
+from kerneltriage.engine.config import ModelConfig
+from kerneltriage.engine.presets import PRESETS, get_preset
+from kerneltriage.engine.tokenizer import Tokenizer
+
+DEFAULT = "default"
+
+
+def load_checkpoint(spec: str = DEFAULT) -> Checkpoint:
+    """What `--model SPEC` names, read and validated (weights stay memory-mapped until a backend loads them)."""
+    if spec == DEFAULT:
+        from kerneltriage.engine.fetch import default_model_path
+
+        return _from_gguf(default_model_path())
+    if spec in PRESETS:
+        return _from_preset(spec)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return _from_hf_dir(path)
+    if path.suffix == ".gguf" or path.exists():
+        return _from_gguf(path)
+    raise InputError(
+        f"--model {spec!r}: expected 'default', a preset ({', '.join(PRESETS)}), a .gguf file "
+        "or a Hugging Face folder with config.json"
+    )
+
+
+def _from_preset(name: str) -> Checkpoint:
+    config = get_preset(name)
+    return Checkpoint(config, {}, Tokenizer.synthetic(config.vocab_size), source=f"preset {name} (random weights)")
+
+
+def _from_gguf(path: Path) -> Checkpoint:
+    from kerneltriage.engine.gguf_file import gguf_to_internal, read_gguf
+    from kerneltriage.engine.paths import converted_dir
+
+    contents = read_gguf(path)
+    config = ModelConfig.from_gguf(contents.meta, "output.weight" in contents.tensors, name=path.stem)
+    tokenizer = Tokenizer.from_gguf_meta(contents.meta, cache=converted_dir(path), source=str(path))
+    return Checkpoint(config, gguf_to_internal(contents, config), tokenizer, source=str(path),
+                      chat_template=tokenizer.chat_template)
+
+
+def _from_hf_dir(path: Path) -> Checkpoint:
+    from kerneltriage.engine.safetensors_dir import read_safetensors_dir
+
+    hf_config, tensors = read_safetensors_dir(path)
+    config = ModelConfig.from_hf(hf_config, name=path.name)
+    if "lm_head" not in tensors and not config.tie_embeddings:
+        config = config.replace(tie_embeddings=True)
+    tokenizer = Tokenizer.from_hf_dir(path)
+    return Checkpoint(config, tensors, tokenizer, source=str(path), chat_template=tokenizer.chat_template)

@@ -1,0 +1,61 @@
+"""Layered generation on a tiny random model."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import tiny_runner
+from kerneltriage.backends.torch.generate import generate, generate_step, stream_generate
+from kerneltriage.core.errors import InputError
+from kerneltriage.engine.sampling import SamplingParams
+
+GREEDY = SamplingParams()
+
+
+def test_stream_records_count_tokens_and_end_on_length() -> None:
+    runner = tiny_runner("llama")
+    records = list(stream_generate(runner, [3, 4, 5], GREEDY, max_tokens=6))
+    assert [r.generation_tokens for r in records] == [1, 2, 3, 4, 5, 6]
+    assert records[-1].finish_reason == "length"
+    assert all(r.finish_reason is None for r in records[:-1])
+    assert records[-1].prompt_tps > 0 and records[-1].generation_tps > 0
+    assert [r.token for r in records] == list(generate_step(runner, [3, 4, 5], GREEDY, 6))
+
+
+def test_eos_stops_generation() -> None:
+    runner = tiny_runner("qwen2")
+    tokens = list(generate_step(runner, [7, 8], GREEDY, 5))
+    eos_runner = tiny_runner("qwen2", eos_token_ids=(tokens[2],))
+    records = list(stream_generate(eos_runner, [7, 8], GREEDY, 5))
+    assert [r.token for r in records] == tokens[: tokens.index(tokens[2]) + 1]
+    assert records[-1].finish_reason == "stop"
+
+
+def test_stop_string_cuts_the_text() -> None:
+    runner = tiny_runner("llama")
+    text = generate(runner, [65, 66], GREEDY, 12)
+    assert len(text) > 3
+    stop = text[2:4]
+    cut = generate(runner, [65, 66], GREEDY, 12, stop=(stop,))
+    assert cut == text[: text.index(stop)]
+
+
+def test_context_limit_ends_generation() -> None:
+    runner = tiny_runner("qwen3", max_context=16)
+    records = list(stream_generate(runner, list(range(1, 13)), GREEDY, max_tokens=50))
+    assert len(records) == 4 and records[-1].finish_reason == "length"
+
+
+def test_prompt_longer_than_context_is_an_input_error() -> None:
+    runner = tiny_runner("llama", max_context=16)
+    with pytest.raises(InputError, match="context of 16"):
+        list(generate_step(runner, list(range(20)), GREEDY, 4))
+
+
+def test_last_logits_lever_keeps_greedy_output() -> None:
+    from kerneltriage.backends.torch.accelerate import apply_levers
+
+    plain = list(generate_step(tiny_runner("qwen3"), [9, 10, 11], GREEDY, 8))
+    lever = apply_levers(tiny_runner("qwen3"), ("last_logits",))
+    assert lever.levers == ("last_logits",)
+    assert list(generate_step(lever, [9, 10, 11], GREEDY, 8)) == plain

@@ -1,0 +1,97 @@
+"""The torch model on tiny random models of every architecture: cache consistency and HF parity."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import ARCHS, tiny_config, tiny_runner
+from kerneltriage.engine import names
+from kerneltriage.engine.checkpoint import Checkpoint, RawTensor
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prefill_then_decode_equals_full_forward(arch: str) -> None:
+    runner = tiny_runner(arch)
+    model = runner.model
+    tokens = torch.randint(0, 300, (1, 24), generator=torch.Generator().manual_seed(1))
+    runner.reset_cache(64)
+    full = model(tokens, 0)  # (1, 24, V)
+    runner.reset_cache(64)
+    steps = [model(tokens[:, :10], 0)]
+    steps += [model(tokens[:, i : i + 1], i) for i in range(10, 16)]
+    steps.append(model(tokens[:, 16:], 16))  # a block after a filled cache: the masked path
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_trim_then_decode_again_gives_the_same_tokens(arch: str) -> None:
+    runner = tiny_runner(arch)
+    model = runner.model
+    cache = runner.reset_cache(64)
+    prompt = torch.arange(5, 17).unsqueeze(0)
+
+    def greedy(start_token: torch.Tensor, start: int, count: int) -> list[int]:
+        out, token = [], start_token
+        for pos in range(start, start + count):
+            token = model(token.view(1, 1), pos)[:, -1].argmax(-1)
+            out.append(int(token))
+        return out
+
+    first = model(prompt, 0)[:, -1].argmax(-1)
+    reference = greedy(first, 12, 8)
+    # Write 5 junk positions, roll them back, decode again from the same point.
+    model(torch.tensor([[1, 2, 3, 4, 5]]), 12)
+    cache.trim(12)
+    assert greedy(first, 12, 8) == reference
+    assert cache.length == 20
+
+
+def test_trim_rejects_growing_the_cache() -> None:
+    cache = tiny_runner("llama").reset_cache(16)
+    with pytest.raises(ValueError):
+        cache.trim(3)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_match_hugging_face(arch: str) -> None:
+    """Same weights through HF names → our names → our model, against transformers' implementation."""
+    transformers = pytest.importorskip("transformers")
+    config = tiny_config(arch)
+    hf_config = transformers.AutoConfig.for_model(
+        model_type=arch, vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size, num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads, head_dim=config.head_dim,
+        max_position_embeddings=config.max_context, rope_theta=config.rope_theta, rms_norm_eps=config.rms_eps,
+        tie_word_embeddings=config.tie_embeddings,
+        rope_scaling=None if config.rope_scaling is None else dict(
+            rope_type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0,
+            original_max_position_embeddings=32),
+    )
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(hf_config).eval()
+    with torch.no_grad():
+        for param in hf.parameters():
+            param.normal_(0, 0.1)
+    tensors = {}
+    for name, value in hf.state_dict().items():
+        internal = names.to_internal(name, names.HF)
+        if internal is not None:
+            tensors[internal] = RawTensor("F32", tuple(value.shape), value.numpy())
+    from kerneltriage.backends.torch.runner import build_runner
+    from kerneltriage.engine.tokenizer import Tokenizer
+
+    checkpoint = Checkpoint(config.replace(random_weights=False), tensors, Tokenizer.synthetic(300), "hf")
+    runner = build_runner(checkpoint, torch.device("cpu"), torch.float32)
+    tokens = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(2))
+    runner.reset_cache(64)
+    with torch.no_grad():
+        expected = hf(tokens).logits
+    torch.testing.assert_close(runner.model(tokens, 0), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_preset_weights_are_deterministic() -> None:
+    a, b = tiny_runner("qwen3"), tiny_runner("qwen3")
+    for (name, pa), (_, pb) in zip(a.model.named_parameters(), b.model.named_parameters()):
+        assert torch.equal(pa, pb), name
+    assert a.model.lm_head.weight is a.model.embed_tokens.weight  # tied
