@@ -1,0 +1,302 @@
+"""Text ↔ token ids: a thin wrapper over a `tokenizers.Tokenizer`, plus chat templates.
+
+A GGUF carries its vocabulary as metadata; transformers' own GGUF converter turns that into a
+`tokenizers.Tokenizer` (so our ids equal `AutoTokenizer.from_pretrained(..., gguf_file=...)`'s),
+and the result is cached as `tokenizer.json` because importing transformers costs seconds.
+"""
+
+from __future__ import annotations
+
+import codecs
+import functools
+import json
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+from tokenizers import processors
+from tokenizers.decoders import DecodeStream
+
+from kerneltriage.core.errors import InputError
+
+BYTE_VOCAB = 256  # ByteTokenizer: ids below this are raw UTF-8 bytes
+_GGUF_EOS_KEYS = ("eos_token_id", "eot_token_id", "eom_token_id")
+# transformers' special-token names -> GGUF `tokenizer.ggml.*` id keys
+_GGUF_SPECIAL = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
+                 "pad_token": "padding_token_id"}
+
+
+class Tokenizer:
+    """Encode/decode, stream-decode and chat-template rendering for one model."""
+
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer | None,
+        *,
+        source: str,
+        vocab_size: int,
+        bos_token_id: int | None,
+        eos_token_ids: tuple[int, ...],
+        add_bos: bool,
+        chat_template: str | None,
+        is_synthetic: bool = False,
+    ) -> None:
+        self._backend = backend
+        self.source = source
+        self.vocab_size = vocab_size
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids = eos_token_ids
+        self.add_bos = add_bos
+        self.chat_template = chat_template
+        self.is_synthetic = is_synthetic
+
+    @classmethod
+    def from_backend(
+        cls,
+        backend: tokenizers.Tokenizer,
+        source: str,
+        bos_token_id: int | None,
+        eos_token_ids: Sequence[int],
+        chat_template: str | None,
+    ) -> Tokenizer:
+        """Wrap a built `tokenizers.Tokenizer`; whether BOS is added is read off its post-processor."""
+        adds_bos = bos_token_id is not None and backend.encode("").ids[:1] == [bos_token_id]
+        return cls(backend, source=source, vocab_size=backend.get_vocab_size(with_added_tokens=True),
+                   bos_token_id=bos_token_id, eos_token_ids=tuple(dict.fromkeys(eos_token_ids)),
+                   add_bos=adds_bos, chat_template=chat_template)
+
+    @classmethod
+    def from_gguf_meta(cls, meta: dict[str, Any], source: str, cache: Path | None = None) -> Tokenizer:
+        """Build from a GGUF's metadata; `cache` (a per-model folder) keeps the converted `tokenizer.json`."""
+        for key in ("tokenizer.ggml.model", "tokenizer.ggml.tokens"):
+            if key not in meta:
+                raise InputError(f"GGUF {source}: no tokenizer ({key} missing)")
+        cached = cache / "tokenizer.json" if cache is not None else None
+        if cached is not None and cached.is_file():
+            backend = tokenizers.Tokenizer.from_file(str(cached))
+        else:
+            backend = _convert_gguf(meta, source)
+            if cached is not None:
+                _write_atomic(cached, backend.to_str())
+        eos = [meta[f"tokenizer.ggml.{key}"] for key in _GGUF_EOS_KEYS if f"tokenizer.ggml.{key}" in meta]
+        bos = meta.get("tokenizer.ggml.bos_token_id")
+        return cls.from_backend(backend, source, bos, eos, meta.get("tokenizer.chat_template"))
+
+    @classmethod
+    def from_hf_dir(cls, path: Path) -> Tokenizer:
+        """Build from a Hugging Face folder: tokenizer.json (+ tokenizer_config.json, chat_template.jinja)."""
+        path = Path(path)
+        if not (path / "tokenizer.json").is_file():
+            raise InputError(f"model folder {path}: no tokenizer.json (expected a Hugging Face tokenizer)")
+        try:
+            backend = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+        except Exception as exc:  # tokenizers raises a bare Exception for a file it cannot parse
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise InputError(f"{path / 'tokenizer.json'}: not a valid tokenizer.json ({reason})") from exc
+        config = _read_json(path / "tokenizer_config.json")
+        bos = _token_id(backend, config.get("bos_token"))
+        eos = _token_id(backend, config.get("eos_token"))
+        if "add_bos_token" in config or "add_eos_token" in config:
+            backend.post_processor = _bos_eos_processor(backend, config, bos, eos)
+        eos_ids = [eos] if eos is not None else []
+        eos_ids += _as_list(_read_json(path / "generation_config.json").get("eos_token_id"))
+        return cls.from_backend(backend, str(path), bos, eos_ids, _hf_chat_template(path, config))
+
+    @staticmethod
+    def synthetic(vocab_size: int) -> ByteTokenizer:
+        """The tokenizer for random-weight presets (see `ByteTokenizer`)."""
+        return ByteTokenizer(vocab_size)
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        """Token ids of `text`; `add_special` adds BOS/EOS as the model's tokenizer does."""
+        return self._backend.encode(text, add_special_tokens=add_special).ids
+
+    def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        """Text of `ids` (special tokens shown unless `skip_special`)."""
+        return self._backend.decode(list(ids), skip_special_tokens=skip_special)
+
+    def stream_decoder(self, skip_special: bool = False) -> Callable[[int], str]:
+        """A function fed one id at a time that returns the text that became printable (maybe "")."""
+        stream = DecodeStream(skip_special_tokens=skip_special)
+        return lambda token_id: stream.step(self._backend, token_id) or ""
+
+    def _token_text(self, token_id: int | None) -> str:
+        return "" if token_id is None else self._backend.id_to_token(token_id) or ""
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """Render `messages` with the model's chat template, as transformers does."""
+        if self.chat_template is None:
+            raise InputError(f"--chat needs a model with a chat template; {self.source} has none")
+        import jinja2
+
+        eos = self.eos_token_ids[0] if self.eos_token_ids else None
+        try:
+            return _compile_template(self.chat_template).render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self._token_text(self.bos_token_id),
+                eos_token=self._token_text(eos),
+            )
+        except jinja2.TemplateError as exc:
+            reason = " ".join(str(exc).split())  # the message must stay on one line
+            raise InputError(f"chat template of {self.source}: {reason}") from exc
+
+
+class ByteTokenizer(Tokenizer):
+    """For random-weight presets: ids 0..255 are UTF-8 bytes, any other id decodes to `⟨id⟩`."""
+
+    def __init__(self, vocab_size: int) -> None:
+        if vocab_size < BYTE_VOCAB:
+            raise ValueError(f"vocab_size {vocab_size} < {BYTE_VOCAB}: a byte tokenizer needs every byte")
+        super().__init__(None, source="synthetic byte tokenizer", vocab_size=vocab_size, bos_token_id=None,
+                         eos_token_ids=(), add_bos=False, chat_template=None, is_synthetic=True)
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        """The UTF-8 bytes of `text`."""
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        """Bytes decoded as UTF-8 (bad sequences become U+FFFD), other ids as `⟨id⟩`."""
+        step = self.stream_decoder()
+        return "".join(step(token_id) for token_id in ids) + step.flush()
+
+    def stream_decoder(self, skip_special: bool = False) -> Callable[[int], str]:
+        """Incremental version of `decode`: a multi-byte character prints once its last byte arrives."""
+        return _ByteStream()
+
+
+class _ByteStream:
+    def __init__(self) -> None:
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def __call__(self, token_id: int) -> str:
+        if token_id < BYTE_VOCAB:
+            return self._utf8.decode(bytes([token_id]))
+        return self.flush() + f"⟨{token_id}⟩"
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+def _convert_gguf(meta: dict[str, Any], source: str) -> tokenizers.Tokenizer:
+    """transformers' GGUF tokenizer conversion, fed from metadata instead of a file path.
+
+    Mirrors `get_gguf_tokenizer` + `TokenizersBackend(...)`, which is what `AutoTokenizer` runs:
+    the wrapper sets the post-processor that adds BOS/EOS.
+    """
+    from transformers.integrations.gguf import gguf_tokenizer_mapping as ggml
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    kind = meta["tokenizer.ggml.model"]
+    if kind not in ggml.GGUF_TOKENIZER_TYPES:
+        supported = ", ".join(sorted(ggml.GGUF_TOKENIZER_TYPES))
+        raise InputError(f"GGUF {source}: tokenizer model {kind!r} is not supported (expected one of {supported})")
+    if "tokenizer.ggml.merges" not in meta and "tokenizer.ggml.scores" not in meta:
+        raise InputError(f"GGUF {source}: no tokenizer (tokenizer.ggml.merges and tokenizer.ggml.scores missing)")
+    groups = {
+        group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in meta}
+        for group, renames in ggml.GGUF_TOKENIZER_MAPPING.items()
+    }
+    backend, _ = ggml.convert_gguf_tokenizer(meta.get("general.architecture", ""), groups["tokenizer"])
+    config = _gguf_wrapper_config(meta, groups["tokenizer_config"])
+    return TokenizersBackend(tokenizer_object=backend, **config).backend_tokenizer
+
+
+def _gguf_wrapper_config(meta: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """The special tokens and BOS/EOS flags `get_gguf_tokenizer` hands the transformers wrapper."""
+    config = {key: value for key, value in config.items() if key != "chat_template"}
+    kind = meta["tokenizer.ggml.model"]
+    if kind == "llama":  # llama.cpp adds BOS to a sentencepiece vocabulary that does not say otherwise
+        config.setdefault("add_bos_token", True)
+    elif kind == "gemma4":  # its chat template writes <bos> itself
+        config["add_bos_token"] = False
+    for name, key in _GGUF_SPECIAL.items():
+        token_id = meta.get(f"tokenizer.ggml.{key}")
+        config[name] = meta["tokenizer.ggml.tokens"][token_id] if token_id is not None else None
+    return config
+
+
+def _bos_eos_processor(
+    backend: tokenizers.Tokenizer, config: dict, bos: int | None, eos: int | None
+) -> processors.TemplateProcessing:
+    """The post-processor transformers builds when tokenizer_config.json sets add_bos/eos_token."""
+    add_bos = bool(config.get("add_bos_token")) and bos is not None
+    add_eos = bool(config.get("add_eos_token")) and eos is not None
+    bos_text, eos_text = backend.id_to_token(bos) if add_bos else "", backend.id_to_token(eos) if add_eos else ""
+    single = f"{bos_text + ':0 ' if add_bos else ''}$A:0{' ' + eos_text + ':0' if add_eos else ''}"
+    pair = f"{single}{' ' + bos_text + ':1' if add_bos else ''} $B:1{' ' + eos_text + ':1' if add_eos else ''}"
+    special = [(bos_text, bos)] * add_bos + [(eos_text, eos)] * add_eos
+    return processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
+
+
+def _hf_chat_template(path: Path, config: dict) -> str | None:
+    """chat_template.jinja if present, else tokenizer_config.json's (a string or a named list)."""
+    if (path / "chat_template.jinja").is_file():
+        return (path / "chat_template.jinja").read_text(encoding="utf-8")
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {entry["name"]: entry["template"] for entry in template}
+        return named.get("default")
+    return template
+
+
+def _token_id(backend: tokenizers.Tokenizer, token: str | dict | None) -> int | None:
+    """Id of a special token given as text or as an AddedToken dict ({"content": ...})."""
+    if isinstance(token, dict):
+        token = token.get("content")
+    return backend.token_to_id(token) if token else None
+
+
+def _as_list(value: int | list[int] | None) -> list[int]:
+    return [] if value is None else [value] if isinstance(value, int) else list(value)
+
+
+def _read_json(path: Path) -> dict:
+    """A JSON object file, {} if absent; a malformed one is an InputError."""
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # also UnicodeDecodeError
+        raise InputError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file in the same folder and rename, so no reader sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+@functools.lru_cache(maxsize=8)
+def _compile_template(template: str) -> Any:
+    """A chat template compiled in the sandbox transformers uses, with the same helpers."""
+    import jinja2
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x: Any, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+        # jinja's own tojson escapes HTML characters, which chat templates do not want
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
