@@ -1,10 +1,25 @@
-"""Preallocated static KV cache with trim (speculative decoding rolls back rejected tokens)."""
+"""Preallocated static KV caches with trim (speculative decoding rolls back rejected tokens).
+
+`KVCache` slices by host-side positions (eager: attention reads only the filled prefix).
+`StaticKVCache` keeps every shape fixed for graph capture: the position lives in a device tensor and
+attention reads a fixed window of slots under a mask.
+"""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
 from kerneltriage.engine.config import ModelConfig
+
+
+class Positions(NamedTuple):
+    """Where this forward pass's T new tokens go."""
+
+    start: int | None  # first position, when the host knows it (eager); None under graph capture
+    ids: torch.Tensor  # (T,) long, on the device
+    mask: torch.Tensor | None  # (T, window) bool, True = may attend; static caches only
 
 
 class KVCache:
@@ -22,15 +37,17 @@ class KVCache:
         self.max_len = max_len
         self.length = 0
 
-    def update(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v (B, Hkv, T, D) at positions start…start+T-1; return the filled prefix of this layer."""
-        end = start + k.shape[2]
-        if end > self.max_len:
-            raise ValueError(f"KV cache full: position {end} past its {self.max_len} slots")
-        self.keys[layer, :, :, start:end] = k
-        self.values[layer, :, :, start:end] = v
-        if layer == self.keys.shape[0] - 1:
-            self.length = end
+    def positions(self, start: int, count: int) -> Positions:
+        if start + count > self.max_len:
+            raise ValueError(f"KV cache full: position {start + count} past its {self.max_len} slots")
+        self.length = start + count
+        return Positions(start, torch.arange(start, start + count, device=self.keys.device), None)
+
+    def update(self, layer: int, pos: Positions, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v (B, Hkv, T, D) at the step's positions; return this layer's filled prefix."""
+        end = pos.start + k.shape[2]
+        self.keys[layer, :, :, pos.start:end] = k
+        self.values[layer, :, :, pos.start:end] = v
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
     def trim(self, length: int) -> None:
@@ -42,3 +59,24 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return self.keys.nbytes + self.values.nbytes
+
+
+class StaticKVCache(KVCache):
+    """Fixed shapes for CUDA graphs: write at `position` (a device scalar set before each replay) and
+    attend over the first `window` slots, masking those past the current position."""
+
+    def __init__(self, config: ModelConfig, max_len: int, batch: int, device: torch.device, dtype: torch.dtype):
+        super().__init__(config, max_len, batch, device, dtype)
+        self.position = torch.zeros((), dtype=torch.long, device=device)
+        self.window = max_len
+
+    def positions(self, start: int, count: int) -> Positions:
+        # `start` is ignored on purpose: under capture it would be frozen into the graph.
+        ids = self.position + torch.arange(count, device=self.keys.device)  # (T,)
+        mask = torch.arange(self.window, device=ids.device).unsqueeze(0) <= ids.unsqueeze(1)  # (T, window)
+        return Positions(None, ids, mask)
+
+    def update(self, layer: int, pos: Positions, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys[layer].index_copy_(2, pos.ids, k)
+        self.values[layer].index_copy_(2, pos.ids, v)
+        return self.keys[layer, :, :, : self.window], self.values[layer, :, :, : self.window]

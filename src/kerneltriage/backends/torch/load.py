@@ -39,8 +39,7 @@ def param_name(internal: str) -> str | None:
 def load_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Model:
     """A ready Model on `device` in `dtype` (norm weights too), weights tied where the config says so."""
     config = checkpoint.config
-    with torch.device("meta"):
-        model = Model(config)
+    model = Model(config, device="meta")
     model.tie_weights()
     model = model.to_empty(device=device).to(dtype)
     model.tie_weights()

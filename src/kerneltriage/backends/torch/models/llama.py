@@ -13,24 +13,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kerneltriage.backends.torch.cache import KVCache
+from kerneltriage.backends.torch.cache import KVCache, Positions
 from kerneltriage.engine.config import ModelConfig
 
-# (q (B,H,T,D), k (B,Hkv,S,D), v (B,Hkv,S,D), start, T) -> (B,H,T,D)
-AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, int], torch.Tensor]
+Device = torch.device | str | None
+# (q (B,H,T,D), k (B,Hkv,S,D), v (B,Hkv,S,D), positions) -> (B,H,T,D)
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Positions], torch.Tensor]
 
 
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, length: int) -> torch.Tensor:
-    """Attention of `length` new queries at positions start… over keys 0…start+length-1.
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: Positions) -> torch.Tensor:
+    """Attention of T new queries over the keys the cache returned.
 
-    A fresh prompt needs only `is_causal`; one new token sees every key; a block of new tokens after a
-    filled cache (chunked prefill, speculative verify) needs an explicit mask: query i sees keys ≤ start+i.
+    A static cache supplies its mask. Otherwise: a fresh prompt needs only `is_causal`; one new token sees
+    every key; a block after a filled cache (chunked prefill, speculative verify) needs an explicit mask.
     """
-    if start == 0:
+    length = q.shape[2]
+    if pos.mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=pos.mask, enable_gqa=True)
+    if pos.start == 0:
         return F.scaled_dot_product_attention(q, k, v, is_causal=length > 1, enable_gqa=True)
     if length == 1:
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    rows = torch.arange(length, device=q.device).unsqueeze(1) + start
+    rows = torch.arange(length, device=q.device).unsqueeze(1) + pos.start
     mask = torch.arange(k.shape[2], device=q.device).unsqueeze(0) <= rows  # (T, S)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
@@ -38,7 +42,7 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int
 class Step(NamedTuple):
     """What every layer needs to know about the current forward pass."""
 
-    start: int  # position of the first new token
+    pos: Positions
     cos: torch.Tensor  # (T, D)
     sin: torch.Tensor  # (T, D)
     cache: KVCache
@@ -73,9 +77,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, device: Device = None) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim, device=device))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -85,16 +89,17 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, device: Device = None) -> None:
         super().__init__()
         self.config = config
-        self.q_proj = nn.Linear(config.hidden_size, config.q_size, bias=config.attention_bias)
-        self.k_proj = nn.Linear(config.hidden_size, config.kv_size, bias=config.attention_bias)
-        self.v_proj = nn.Linear(config.hidden_size, config.kv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, config.q_size, bias=bias, device=device)
+        self.k_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias, device=device)
+        self.v_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias, device=device)
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False, device=device)
         if config.qk_norm:
-            self.q_norm = RMSNorm(config.head_dim, config.rms_eps)
-            self.k_norm = RMSNorm(config.head_dim, config.rms_eps)
+            self.q_norm = RMSNorm(config.head_dim, config.rms_eps, device)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_eps, device)
 
     def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -110,18 +115,19 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, step.cos, step.sin), apply_rope(k, step.cos, step.sin)
-        keys, values = step.cache.update(layer, step.start, k, v)  # (B, Hkv, start+T, D)
-        out = step.attention(q, keys, values, step.start, length)
+        keys, values = step.cache.update(layer, step.pos, k, v)  # (B, Hkv, S, D)
+        out = step.attention(q, keys, values, step.pos)
         # (B, H, T, D) → (B, T, H*D)
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, cfg.q_size))
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, device: Device = None) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        hidden, inter = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(hidden, inter, bias=False, device=device)
+        self.up_proj = nn.Linear(hidden, inter, bias=False, device=device)
+        self.down_proj = nn.Linear(inter, hidden, bias=False, device=device)
 
     def gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.gate_proj(x), self.up_proj(x)
@@ -132,12 +138,12 @@ class MLP(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, device: Device = None) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_eps)
-        self.self_attn = Attention(config)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_eps)
-        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_eps, device)
+        self.self_attn = Attention(config, device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_eps, device)
+        self.mlp = MLP(config, device)
 
     def forward(self, x: torch.Tensor, layer: int, step: Step) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), layer, step)
@@ -150,14 +156,18 @@ class Model(nn.Module):
     They are apart so that callers (and levers) decide which positions need logits.
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, device: Device = None) -> None:
+        """`device="meta"` builds the skeleton without memory; `load.py` then fills it on the real device."""
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.register_buffer("inv_freq", torch.empty(config.head_dim // 2, dtype=torch.float32), persistent=False)
+        # from_pretrained skips the random init (on meta, normal_ alone would import torch's compiler: 2 s)
+        embed = torch.empty(config.vocab_size, config.hidden_size, device=device)
+        self.embed_tokens = nn.Embedding.from_pretrained(embed, freeze=True)
+        self.layers = nn.ModuleList(TransformerBlock(config, device) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_eps, device)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device=device)
+        inv_freq = torch.empty(config.head_dim // 2, dtype=torch.float32, device=device)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.attention: AttentionFn = sdpa_attention
         self.cache: KVCache | None = None
 
@@ -165,9 +175,8 @@ class Model(nn.Module):
         if self.config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def rope(self, start: int, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        positions = torch.arange(start, start + length, device=self.inv_freq.device, dtype=torch.float32)
-        angles = torch.outer(positions, self.inv_freq)  # (T, D/2)
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = torch.outer(positions.float(), self.inv_freq)  # (T, D/2)
         angles = torch.cat((angles, angles), dim=-1)  # (T, D)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
@@ -176,8 +185,9 @@ class Model(nn.Module):
         if self.cache is None:
             raise RuntimeError("Model.cache is not set: attach a KVCache before running the model")
         x = self.embed_tokens(tokens)
-        cos, sin = self.rope(start, tokens.shape[1], x.dtype)
-        step = Step(start, cos, sin, self.cache, self.attention)
+        pos = self.cache.positions(start, tokens.shape[1])
+        cos, sin = self.rope(pos.ids, x.dtype)
+        step = Step(pos, cos, sin, self.cache, self.attention)
         for index, block in enumerate(self.layers):
             x = block(x, index, step)
         return self.norm(x)
