@@ -1,0 +1,223 @@
+"""Where a measurement ran (code, software, OS, CPU, GPU) and the conditions at the start and end of a run.
+
+Standard library only: package versions come from `importlib.metadata` (never by importing torch or mlx),
+GPU facts from NVML (`pynvml`, from nvidia-ml-py), imported lazily. Anything that cannot be determined
+on this machine — no git, no NVML, no GPU — is recorded as None, never guessed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Iterator, Mapping
+
+from kerneltriage import __version__
+
+PACKAGES = ("torch", "transformers", "gguf", "numpy", "mlx", "nvidia-ml-py")
+GIT_TIMEOUT_S = 5.0
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+_POWER_SUPPLY_DIR = Path("/sys/class/power_supply")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Conditions at one instant, taken at the start and at the end of a run; None = not measurable here."""
+
+    time: float
+    on_battery: bool | None = None
+    sm_clock_mhz: int | None = None
+    memory_clock_mhz: int | None = None
+    temperature_c: int | None = None
+    power_w: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Snapshot:
+        """Inverse of `to_dict`."""
+        return cls(**data)
+
+
+def _run_git(*args: str) -> str | None:
+    """stdout of `git args` run in the package folder, or None when git is missing or refuses."""
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=_PACKAGE_DIR, capture_output=True, text=True, timeout=GIT_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_state() -> dict[str, Any]:
+    """Commit and dirty flag of the kerneltriage source tree; None for both when not run from a checkout.
+
+    `ls-files` guards against an installed copy inside some other repository (e.g. a venv in a project).
+    """
+    if _run_git("ls-files", "--error-unmatch", "__init__.py") is None:
+        return {"sha": None, "dirty": None}
+    sha = _run_git("rev-parse", "HEAD")
+    status = _run_git("status", "--porcelain", "--untracked-files=no")
+    return {"sha": sha, "dirty": None if status is None else bool(status)}
+
+
+def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
+    """kerneltriage's own version and installed distribution versions (torch's names its CUDA build,
+    e.g. '2.13.0+cu130'); a package that is not installed → None."""
+    versions: dict[str, str | None] = {"kerneltriage": __version__}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def cpu_model() -> str | None:
+    """The CPU's marketing name, from /proc/cpuinfo (Linux) or sysctl (macOS)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    if sys.platform == "darwin":
+        try:
+            out = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() or None
+    return platform.processor() or None
+
+
+def _linux_on_battery() -> bool | None:
+    supplies = [p for p in _POWER_SUPPLY_DIR.iterdir() if (p / "type").is_file()]
+    kinds = {p: (p / "type").read_text().strip() for p in supplies}
+    if "Battery" not in kinds.values():
+        return False
+    mains = [p for p, kind in kinds.items() if kind == "Mains" and (p / "online").is_file()]
+    if not mains:
+        return None
+    return not any((p / "online").read_text().strip() == "1" for p in mains)
+
+
+def on_battery() -> bool | None:
+    """True when running on battery power; False on mains or without a battery; None if unknown."""
+    if _POWER_SUPPLY_DIR.is_dir():
+        return _linux_on_battery()
+    if sys.platform == "darwin":
+        try:
+            out = subprocess.run(["pmset", "-g", "batt"], capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if "Battery Power" in out.stdout:
+            return True
+        return False if "AC Power" in out.stdout else None
+    return None
+
+
+def _nvml_init() -> ModuleType | None:
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:  # no driver or no GPU: there is nothing to record
+        return None
+    return pynvml
+
+
+@contextmanager
+def _nvml() -> Iterator[ModuleType | None]:
+    """An initialized pynvml module for the block, or None when NVML is unavailable."""
+    nvml = _nvml_init()
+    try:
+        yield nvml
+    finally:
+        if nvml is not None:
+            nvml.nvmlShutdown()
+
+
+def _query(nvml: ModuleType, fn: Callable[..., Any], *args: Any) -> Any:
+    """One NVML reading; None when this device does not support it."""
+    try:
+        return fn(*args)
+    except nvml.NVMLError:
+        return None
+
+
+def _device_info(nvml: ModuleType, index: int) -> dict[str, Any]:
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    memory = _query(nvml, nvml.nvmlDeviceGetMemoryInfo, handle)
+    return {
+        "index": index,
+        "name": _query(nvml, nvml.nvmlDeviceGetName, handle),
+        "memory_bytes": None if memory is None else int(memory.total),
+        "max_sm_clock_mhz": _query(nvml, nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_SM),
+        "max_memory_clock_mhz": _query(
+            nvml, nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_MEM
+        ),
+    }
+
+
+def gpu_info() -> dict[str, Any] | None:
+    """Driver, CUDA driver version and every visible device (name, memory, max clocks); None without NVML."""
+    with _nvml() as nvml:
+        if nvml is None:
+            return None
+        cuda = _query(nvml, nvml.nvmlSystemGetCudaDriverVersion)
+        return {
+            "driver": _query(nvml, nvml.nvmlSystemGetDriverVersion),
+            "cuda_driver": None if cuda is None else f"{cuda // 1000}.{cuda % 1000 // 10}",
+            "devices": [_device_info(nvml, i) for i in range(nvml.nvmlDeviceGetCount())],
+        }
+
+
+def gpu_snapshot(index: int = 0) -> dict[str, Any] | None:
+    """Current SM/memory clocks (MHz), temperature (°C) and power (W) of GPU `index`; None without NVML."""
+    with _nvml() as nvml:
+        if nvml is None or index >= nvml.nvmlDeviceGetCount():
+            return None
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        milliwatts = _query(nvml, nvml.nvmlDeviceGetPowerUsage, handle)
+        return {
+            "sm_clock_mhz": _query(nvml, nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM),
+            "memory_clock_mhz": _query(nvml, nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_MEM),
+            "temperature_c": _query(
+                nvml, nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU
+            ),
+            "power_w": None if milliwatts is None else milliwatts / 1000.0,
+        }
+
+
+def take_snapshot(gpu_index: int = 0) -> Snapshot:
+    """Power source and GPU conditions now: call at the start (after warm-ups: an idle GPU sits at low
+    clocks, e.g. 405 MHz SM on an H200) and at the end of every timed run."""
+    return Snapshot(time=time.time(), on_battery=on_battery(), **(gpu_snapshot(gpu_index) or {}))
+
+
+def capture_environment() -> dict[str, Any]:
+    """Everything that must match before two runs are compared, as a JSON-ready dict."""
+    return {
+        "captured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "git": git_state(),
+        "python": platform.python_version(),
+        "packages": package_versions(),
+        "os": {"system": platform.system(), "release": platform.release(), "machine": platform.machine()},
+        "cpu": {"model": cpu_model(), "cores": os.cpu_count()},
+        "on_battery": on_battery(),
+        "gpu": gpu_info(),
+    }
