@@ -7,7 +7,7 @@ from typing import Iterator, Sequence
 import torch
 
 from kerneltriage.backends.torch.runner import Runner
-from kerneltriage.backends.torch.sampling import make_generator, sample
+from kerneltriage.backends.torch.sampling import make_generator
 from kerneltriage.backends.torch.timing import peak_memory_bytes, reset_peak_memory, synced_clock
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.generation import GenerationResponse, StopStrings
@@ -36,11 +36,7 @@ def generate_step(
     generator = make_generator(params, runner.device)
     tokens = torch.tensor([list(prompt)], device=runner.device)  # (1, T)
     logits = runner.prefill(runner.model, tokens, 0)
-    for position in range(len(prompt), needed):
-        token = sample(logits, params, generator)  # (1,)
-        yield int(token.item())
-        if position + 1 < needed:
-            logits = runner.decode(runner.model, token.view(1, 1), position)
+    yield from runner.decode_loop(runner, logits, len(prompt), needed - len(prompt), params, generator)
 
 
 def stream_generate(

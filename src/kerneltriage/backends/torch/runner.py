@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
 from kerneltriage.backends.torch.cache import KVCache
 from kerneltriage.backends.torch.models.llama import Model
+from kerneltriage.backends.torch.sampling import sample
 from kerneltriage.engine.checkpoint import Checkpoint
+from kerneltriage.engine.sampling import SamplingParams
 
 # (model, tokens (1, T), start) -> logits (1, V) of the last position
 StepFn = Callable[[Model, torch.Tensor, int], torch.Tensor]
+# (runner, logits (1, V) after the prompt, first position to fill, count, params, generator) -> token ids
+LoopFn = Callable[["Runner", torch.Tensor, int, int, SamplingParams, "torch.Generator | None"], Iterator[int]]
 
 
 def prefill(model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
@@ -25,6 +29,16 @@ def decode_one(model: Model, token: torch.Tensor, start: int) -> torch.Tensor:
     return model(token, start)[:, -1]
 
 
+def decode_loop(runner: "Runner", logits: torch.Tensor, start: int, count: int, params: SamplingParams,
+                generator: torch.Generator | None) -> Iterator[int]:
+    """The stock token loop: sample on the device, read the token (one sync), decode it, repeat."""
+    for position in range(start, start + count):
+        token = sample(logits, params, generator)  # (1,)
+        yield int(token.item())
+        if position + 1 < start + count:
+            logits = runner.decode(runner.model, token.view(1, 1), position)
+
+
 @dataclass
 class Runner:
     model: Model
@@ -33,6 +47,7 @@ class Runner:
     dtype: torch.dtype
     prefill: StepFn = prefill
     decode: StepFn = decode_one
+    decode_loop: LoopFn = decode_loop
     levers: tuple[str, ...] = field(default_factory=tuple)
 
     @property
