@@ -59,3 +59,23 @@ def test_last_logits_lever_keeps_greedy_output() -> None:
     lever = apply_levers(tiny_runner("qwen3"), ("last_logits",))
     assert lever.levers == ("last_logits",)
     assert list(generate_step(lever, [9, 10, 11], GREEDY, 8)) == plain
+
+
+@pytest.mark.parametrize("levers", [("one_sync",), ("packed_qkv",), ("packed_gate_up",), ("sdpa_backend=math",),
+                                    ("last_logits", "one_sync", "packed_qkv", "packed_gate_up")])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_cpu_levers_keep_greedy_output_and_prove_they_ran(arch: str, levers: tuple[str, ...]) -> None:
+    from kerneltriage.backends.torch.accelerate import apply_levers
+
+    plain = list(generate_step(tiny_runner(arch), [9, 10, 11, 12], GREEDY, 10))
+    runner = apply_levers(tiny_runner(arch), levers)
+    assert list(generate_step(runner, [9, 10, 11, 12], GREEDY, 10)) == plain
+    for lever in levers:
+        assert runner.counters[lever] > 0, lever
+
+
+def test_graphs_lever_refuses_cpu() -> None:
+    from kerneltriage.backends.torch.accelerate import apply_levers
+
+    with pytest.raises(InputError, match="CUDA"):
+        apply_levers(tiny_runner("llama"), ("graphs",))

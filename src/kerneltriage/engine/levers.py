@@ -28,6 +28,12 @@ LEVERS: dict[str, Lever] = {
     lever.name: lever
     for lever in (
         Lever("last_logits", "delete", "prefill computes the output projection for the last position only"),
+        Lever("graphs", "dispatch", "decode step replayed from CUDA graphs (static cache, one graph per window)"),
+        Lever("one_sync", "dispatch", "one host readback per token; the next step is queued before it"),
+        Lever("packed_qkv", "dispatch", "q, k, v from one matmul instead of three"),
+        Lever("packed_gate_up", "dispatch", "gate and up from one matmul instead of two"),
+        *(Lever(f"sdpa_backend={name}", "fast-path", f"attention pinned to the {name} SDPA backend")
+          for name in ("flash", "efficient", "cudnn", "math")),
     )
 }
 

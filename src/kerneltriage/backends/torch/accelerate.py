@@ -1,25 +1,184 @@
-"""Torch implementations of the levers named in `engine/levers.py`, each applied to a Runner from outside."""
+"""Torch implementations of the levers named in `engine/levers.py`, each applied to a Runner from outside.
+
+Every replacement counts its own executions in `runner.counters[lever]`: a lever whose counter stays at
+zero did not run, whatever the timings say.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+import functools
+from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import torch
+from torch import nn
 
-from kerneltriage.backends.torch.models.llama import Model
-from kerneltriage.backends.torch.runner import Runner
+from kerneltriage.backends.torch.cache import StaticKVCache
+from kerneltriage.backends.torch.models.llama import Attention, Model
+from kerneltriage.backends.torch.runner import Runner, decode_one
+from kerneltriage.backends.torch.sampling import sample
+from kerneltriage.core.errors import InputError
+from kerneltriage.engine.sampling import SamplingParams
 
-
-def _last_logits_prefill(model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
-    """Output projection for the last prompt position only: (1, T, hidden) → (1, hidden) → (1, V)."""
-    return model.logits(model.hidden(tokens, start)[:, -1])
+GRAPH_WINDOW = 256  # captured decode graphs attend over a multiple of this many cache slots
+GRAPH_WARMUPS = 2  # eager runs on a side stream before capture (lazy inits must not land in the graph)
 
 
 def last_logits(runner: Runner) -> None:
-    runner.prefill = _last_logits_prefill
+    """delete: the prefill's output projection for the last prompt position only."""
+
+    def prefill(model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        runner.counters["last_logits"] += 1
+        return model.logits(model.hidden(tokens, start)[:, -1])  # (1, hidden) → (1, V)
+
+    runner.prefill = prefill
 
 
-APPLY: dict[str, Callable[[Runner], None]] = {"last_logits": last_logits}
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    token: torch.Tensor  # (1, 1) input slot
+    logits: torch.Tensor  # (1, V) output slot
+
+
+class GraphedDecode:
+    """A decode step replayed from a CUDA graph: one graph per attention window (multiple of GRAPH_WINDOW),
+    captured on first use at that window; recaptured when the cache is reallocated."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.graphs: dict[int, _Graph] = {}
+        self.cache: StaticKVCache | None = None
+
+    def __call__(self, model: Model, token: torch.Tensor, start: int) -> torch.Tensor:
+        cache = model.cache
+        if cache is not self.cache:
+            self.graphs.clear()
+            self.cache = cache
+        window = min(cache.max_len, -(-(start + 1) // GRAPH_WINDOW) * GRAPH_WINDOW)
+        entry = self.graphs.get(window) or self._capture(model, cache, window, token, start)
+        entry.token.copy_(token)
+        cache.position.fill_(start)
+        entry.graph.replay()
+        cache.length = start + 1
+        self.runner.counters["graphs"] += 1
+        return entry.logits
+
+    def _capture(self, model: Model, cache: StaticKVCache, window: int, token: torch.Tensor, start: int) -> _Graph:
+        # Warm-up and capture write slot `start` with this very token, exactly what the replay writes next.
+        slot = token.clone()
+        cache.position.fill_(start)
+        cache.window = window
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(GRAPH_WARMUPS):
+                    decode_one(model, slot, start)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                logits = decode_one(model, slot, start)
+        finally:
+            cache.window = None
+        self.graphs[window] = _Graph(graph, slot, logits)
+        return self.graphs[window]
+
+
+def graphs(runner: Runner) -> None:
+    """dispatch: the decode step captured in CUDA graphs (static cache, one graph per window bucket)."""
+    if runner.device.type != "cuda":
+        raise InputError(f"--levers graphs: needs a CUDA device, not {runner.device}")
+    runner.cache_type = StaticKVCache
+    runner.decode = GraphedDecode(runner)
+
+
+def one_sync(runner: Runner) -> None:
+    """dispatch: one host readback per token, and the next step queued before the previous token is read."""
+
+    def loop(runner: Runner, logits: torch.Tensor, start: int, count: int, params: SamplingParams,
+             generator: torch.Generator | None) -> Iterator[int]:
+        cuda = runner.device.type == "cuda"
+        host = torch.empty(1, dtype=torch.long, pin_memory=cuda)
+        token = sample(logits, params, generator)  # (1,)
+        for position in range(start, start + count):
+            runner.counters["one_sync"] += 1
+            host.copy_(token, non_blocking=cuda)
+            ready = torch.cuda.Event() if cuda else None
+            if ready is not None:
+                ready.record()
+            if position + 1 < start + count:  # queue step i+1 before waiting for token i
+                logits = runner.decode(runner.model, token.view(1, 1), position)
+                token = sample(logits, params, generator)
+            if ready is not None:
+                ready.synchronize()  # waits for the copy only, not for the step queued after it
+            yield int(host[0])
+
+    runner.decode_loop = loop
+
+
+def _packed(runner: Runner, lever: str, module: nn.Module, names: tuple[str, ...]) -> Callable:
+    """One Linear holding the weights of `names` stacked by rows; the originals become views into it."""
+    parts = [getattr(module, name) for name in names]
+    bias = parts[0].bias is not None
+    packed = nn.Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=bias,
+                       device=runner.device, dtype=parts[0].weight.dtype).requires_grad_(False)
+    sizes = [p.out_features for p in parts]
+    with torch.no_grad():
+        packed.weight.copy_(torch.cat([p.weight for p in parts]))
+        if bias:
+            packed.bias.copy_(torch.cat([p.bias for p in parts]))
+    for part, weight in zip(parts, packed.weight.split(sizes)):
+        part.weight = nn.Parameter(weight, requires_grad=False)  # share storage: no second copy
+    module.add_module(f"packed_{'_'.join(names)}", packed)
+
+    def forward(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        runner.counters[lever] += 1
+        return tuple(packed(x).split(sizes, dim=-1))
+
+    return forward
+
+
+def packed_qkv(runner: Runner) -> None:
+    """dispatch: q, k and v from one matmul instead of three."""
+    for layer in runner.model.layers:
+        attn: Attention = layer.self_attn
+        attn.qkv = _packed(runner, "packed_qkv", attn, ("q_proj", "k_proj", "v_proj"))
+
+
+def packed_gate_up(runner: Runner) -> None:
+    """dispatch: gate and up from one matmul instead of two."""
+    for layer in runner.model.layers:
+        layer.mlp.gate_up = _packed(runner, "packed_gate_up", layer.mlp, ("gate_proj", "up_proj"))
+
+
+def sdpa_backend(runner: Runner, backend: str) -> None:
+    """fast-path: try one scaled_dot_product_attention backend first (flash, efficient, cudnn or math).
+
+    The others stay behind it as fallbacks, so a call the chosen backend refuses (e.g. a GQA prefill that
+    efficient attention does not take) still runs; triage reports which backend each call really got.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    first = getattr(SDPBackend, SDPA_BACKENDS[backend])
+    order = [first] + [getattr(SDPBackend, name) for name in SDPA_BACKENDS.values() if name != SDPA_BACKENDS[backend]]
+    inner = runner.model.attention
+
+    def attention(*args: torch.Tensor) -> torch.Tensor:
+        runner.counters[f"sdpa_backend={backend}"] += 1
+        with sdpa_kernel(order, set_priority=True):
+            return inner(*args)
+
+    runner.model.attention = attention
+
+
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
+                 "math": "MATH"}
+APPLY: dict[str, Callable[[Runner], None]] = {
+    "last_logits": last_logits, "graphs": graphs, "one_sync": one_sync,
+    "packed_qkv": packed_qkv, "packed_gate_up": packed_gate_up,
+    **{f"sdpa_backend={name}": functools.partial(sdpa_backend, backend=name) for name in SDPA_BACKENDS},
+}
 
 
 def apply_levers(runner: Runner, names: tuple[str, ...]) -> Runner:

@@ -62,21 +62,26 @@ class KVCache:
 
 
 class StaticKVCache(KVCache):
-    """Fixed shapes for CUDA graphs: write at `position` (a device scalar set before each replay) and
-    attend over the first `window` slots, masking those past the current position."""
+    """Fixed shapes for CUDA graphs: while `window` is set, write at `position` (a device scalar set before
+    each replay) and attend over the first `window` slots, masking those past the current position.
+    With `window` None it behaves like KVCache (eager prefill on the same buffers)."""
 
     def __init__(self, config: ModelConfig, max_len: int, batch: int, device: torch.device, dtype: torch.dtype):
         super().__init__(config, max_len, batch, device, dtype)
         self.position = torch.zeros((), dtype=torch.long, device=device)
-        self.window = max_len
+        self.window: int | None = None
 
     def positions(self, start: int, count: int) -> Positions:
+        if self.window is None:
+            return super().positions(start, count)
         # `start` is ignored on purpose: under capture it would be frozen into the graph.
         ids = self.position + torch.arange(count, device=self.keys.device)  # (T,)
         mask = torch.arange(self.window, device=ids.device).unsqueeze(0) <= ids.unsqueeze(1)  # (T, window)
         return Positions(None, ids, mask)
 
     def update(self, layer: int, pos: Positions, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.window is None:
+            return super().update(layer, pos, k, v)
         self.keys[layer].index_copy_(2, pos.ids, k)
         self.values[layer].index_copy_(2, pos.ids, v)
         return self.keys[layer, :, :, : self.window], self.values[layer, :, :, : self.window]

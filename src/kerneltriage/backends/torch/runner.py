@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -48,7 +49,10 @@ class Runner:
     prefill: StepFn = prefill
     decode: StepFn = decode_one
     decode_loop: LoopFn = decode_loop
+    cache_type: type[KVCache] = KVCache
     levers: tuple[str, ...] = field(default_factory=tuple)
+    # Proof of execution: every lever's replacement code counts its own runs here.
+    counters: Counter = field(default_factory=Counter)
 
     @property
     def config(self):  # noqa: ANN201 - ModelConfig, re-exported for callers
@@ -57,9 +61,10 @@ class Runner:
     def reset_cache(self, needed: int, batch: int = 1) -> KVCache:
         """A cache with room for `needed` positions; reused (and emptied) when the current one is big enough."""
         cache = self.model.cache
-        if cache is None or cache.max_len < needed or cache.keys.shape[1] != batch:
+        stale = cache is None or type(cache) is not self.cache_type
+        if stale or cache.max_len < needed or cache.keys.shape[1] != batch:
             self.model.cache = None  # free the old one before allocating
-            cache = KVCache(self.config, needed, batch, self.device, self.dtype)
+            cache = self.cache_type(self.config, needed, batch, self.device, self.dtype)
             self.model.cache = cache
         cache.trim(0)
         return cache

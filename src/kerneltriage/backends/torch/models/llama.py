@@ -21,6 +21,17 @@ Device = torch.device | str | None
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Positions], torch.Tensor]
 
 
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GQA as plain attention under a (T, S) mask: each KV head's G query heads are folded into the query axis,
+    so no backend needs GQA support and K/V are never expanded (math-backend GQA copies them G times)."""
+    batch, heads, length, dim = q.shape
+    groups = heads // k.shape[1]
+    # (B, H, T, D) → (B, Hkv, G*T, D): query head j*G+i belongs to KV head j
+    folded = q.reshape(batch, k.shape[1], groups * length, dim)
+    out = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask.repeat(groups, 1))  # mask (G*T, S)
+    return out.reshape(batch, heads, length, dim)
+
+
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: Positions) -> torch.Tensor:
     """Attention of T new queries over the keys the cache returned.
 
@@ -29,14 +40,14 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: Posit
     """
     length = q.shape[2]
     if pos.mask is not None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=pos.mask, enable_gqa=True)
+        return grouped_attention(q, k, v, pos.mask)
     if pos.start == 0:
         return F.scaled_dot_product_attention(q, k, v, is_causal=length > 1, enable_gqa=True)
     if length == 1:
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     rows = torch.arange(length, device=q.device).unsqueeze(1) + pos.start
-    mask = torch.arange(k.shape[2], device=q.device).unsqueeze(0) <= rows  # (T, S)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    mask = torch.arange(k.shape[2], device=q.device).unsqueeze(0) <= rows  # (T, S): query i sees keys ≤ start+i
+    return grouped_attention(q, k, v, mask)
 
 
 class Step(NamedTuple):
