@@ -74,6 +74,15 @@ def test_cpu_levers_keep_greedy_output_and_prove_they_ran(arch: str, levers: tup
         assert runner.counters[lever] > 0, lever
 
 
+def test_compile_lever_keeps_greedy_output() -> None:
+    from kerneltriage.backends.torch.accelerate import apply_levers
+
+    plain = list(generate_step(tiny_runner("llama"), [9, 10, 11, 12], GREEDY, 6))
+    runner = apply_levers(tiny_runner("llama"), ("compile=default",))
+    assert list(generate_step(runner, [9, 10, 11, 12], GREEDY, 6)) == plain
+    assert runner.counters["compile=default"] == 5
+
+
 def test_graphs_lever_refuses_cpu() -> None:
     from kerneltriage.backends.torch.accelerate import apply_levers
 

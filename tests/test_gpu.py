@@ -13,7 +13,7 @@ from kerneltriage.engine.sampling import SamplingParams
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 PROMPT = "List three facts about the Moon, one per line:\n1."
-LEVER_SETS = [("graphs",), ("one_sync",), ("graphs", "one_sync"), ("packed_qkv", "packed_gate_up"),
+LEVER_SETS = [("graphs",), ("compile=default", "graphs"), ("one_sync",), ("graphs", "one_sync"), ("packed_qkv", "packed_gate_up"),
               ("last_logits",), ("graphs", "one_sync", "packed_qkv", "packed_gate_up", "last_logits"),
               ("sdpa_backend=efficient",), ("sdpa_backend=math",)]
 

@@ -29,6 +29,8 @@ LEVERS: dict[str, Lever] = {
     for lever in (
         Lever("last_logits", "delete", "prefill computes the output projection for the last position only"),
         Lever("graphs", "dispatch", "decode step replayed from CUDA graphs (static cache, one graph per window)"),
+        *(Lever(f"compile={mode}", "dispatch", f"decode step through torch.compile (mode {mode})")
+          for mode in ("default", "max-autotune-no-cudagraphs")),
         Lever("one_sync", "dispatch", "one host readback per token; the next step is queued before it"),
         Lever("packed_qkv", "dispatch", "q, k, v from one matmul instead of three"),
         Lever("packed_gate_up", "dispatch", "gate and up from one matmul instead of two"),

@@ -15,7 +15,7 @@ from torch import nn
 
 from kerneltriage.backends.torch.cache import StaticKVCache
 from kerneltriage.backends.torch.models.llama import Attention, Model
-from kerneltriage.backends.torch.runner import Runner, decode_one
+from kerneltriage.backends.torch.runner import Runner, StepFn, decode_one
 from kerneltriage.backends.torch.sampling import sample
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.sampling import SamplingParams
@@ -42,11 +42,14 @@ class _Graph:
 
 
 class GraphedDecode:
-    """A decode step replayed from a CUDA graph: one graph per attention window (multiple of GRAPH_WINDOW),
-    captured on first use at that window; recaptured when the cache is reallocated."""
+    """A decode step replayed from a CUDA graph: one graph per attention window (multiple of `window_step`),
+    captured on first use at that window; recaptured when the cache is reallocated.
 
-    def __init__(self, runner: Runner) -> None:
-        self.runner = runner
+    `step` is the decode function captured: the stock one, or a compiled one (then one window: the whole
+    cache, since every new window would be a new compilation)."""
+
+    def __init__(self, runner: Runner, step: StepFn, window_step: int | None) -> None:
+        self.runner, self.step, self.window_step = runner, step, window_step
         self.graphs: dict[int, _Graph] = {}
         self.cache: StaticKVCache | None = None
 
@@ -55,7 +58,8 @@ class GraphedDecode:
         if cache is not self.cache:
             self.graphs.clear()
             self.cache = cache
-        window = min(cache.max_len, -(-(start + 1) // GRAPH_WINDOW) * GRAPH_WINDOW)
+        step = self.window_step or cache.max_len
+        window = min(cache.max_len, -(-(start + 1) // step) * step)
         entry = self.graphs.get(window) or self._capture(model, cache, window, token, start)
         entry.token.copy_(token)
         cache.position.fill_(start)
@@ -74,11 +78,11 @@ class GraphedDecode:
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(GRAPH_WARMUPS):
-                    decode_one(model, slot, start)
+                    self.step(model, slot, start)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                logits = decode_one(model, slot, start)
+                logits = self.step(model, slot, start)
         finally:
             cache.window = None
         self.graphs[window] = _Graph(graph, slot, logits)
@@ -90,7 +94,28 @@ def graphs(runner: Runner) -> None:
     if runner.device.type != "cuda":
         raise InputError(f"--levers graphs: needs a CUDA device, not {runner.device}")
     runner.cache_type = StaticKVCache
-    runner.decode = GraphedDecode(runner)
+    compiled = isinstance(runner.decode, CompiledDecode)
+    runner.decode = GraphedDecode(runner, runner.decode, None if compiled else GRAPH_WINDOW)
+
+
+class CompiledDecode:
+    """The decode step through torch.compile (Inductor fuses the elementwise ops and generates its own GEMVs).
+
+    Positions are dynamic after the second step (ints are specialised once, then made symbolic), so one
+    compilation serves the eager token loop; under `graphs` it is compiled once in the static layout."""
+
+    def __init__(self, runner: Runner, mode: str) -> None:
+        self.runner, self.mode = runner, mode
+        self.compiled = torch.compile(decode_one, mode=None if mode == "default" else mode, fullgraph=True)
+
+    def __call__(self, model: Model, token: torch.Tensor, start: int) -> torch.Tensor:
+        self.runner.counters[f"compile={self.mode}"] += 1
+        return self.compiled(model, token, start)
+
+
+def compile_decode(runner: Runner, mode: str) -> None:
+    """dispatch: torch.compile of the decode step (apply before `graphs`, which then captures it)."""
+    runner.decode = CompiledDecode(runner, mode)
 
 
 def one_sync(runner: Runner) -> None:
@@ -174,16 +199,20 @@ def sdpa_backend(runner: Runner, backend: str) -> None:
 
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
                  "math": "MATH"}
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+# Canonical order: model changes first, then compile, then graphs (which captures what came before).
 APPLY: dict[str, Callable[[Runner], None]] = {
-    "last_logits": last_logits, "graphs": graphs, "one_sync": one_sync,
     "packed_qkv": packed_qkv, "packed_gate_up": packed_gate_up,
     **{f"sdpa_backend={name}": functools.partial(sdpa_backend, backend=name) for name in SDPA_BACKENDS},
+    **{f"compile={mode}": functools.partial(compile_decode, mode=mode) for mode in COMPILE_MODES},
+    "graphs": graphs, "one_sync": one_sync, "last_logits": last_logits,
 }
 
 
 def apply_levers(runner: Runner, names: tuple[str, ...]) -> Runner:
-    """Apply each named lever in order; the runner remembers which are on."""
-    for name in names:
+    """Apply the named levers in their canonical order (compile before graphs captures it), whatever order
+    they were named in; the runner remembers which are on."""
+    for name in sorted(names, key=lambda lever: list(APPLY).index(lever)):
         APPLY[name](runner)
     runner.levers = runner.levers + names
     return runner
