@@ -1,12 +1,15 @@
-"""Tokenizer: GGUF metadata (byte-level BPE and sentencepiece), HF folders, bytes, chat templates."""
+"""Tokenizer: GGUF files (byte-level BPE and sentencepiece), HF folders, bytes, chat templates."""
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
 import tokenizers
+from gguf import GGUFWriter
 from tokenizers import models, pre_tokenizers
 
 from kerneltriage.core.errors import InputError
@@ -59,14 +62,41 @@ def llama_meta() -> dict:
     }
 
 
-@pytest.fixture(scope="module")
-def gpt2(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    return Tokenizer.from_gguf_meta(gpt2_meta(), "tiny-gpt2.gguf", cache=tmp_path_factory.mktemp("gpt2"))
+def write_gguf(path: Path, meta: dict) -> Path:
+    """`meta` as a GGUF file without tensors (the tokenizer reads none), through gguf's typed adders."""
+    w = GGUFWriter(path, meta["general.architecture"])
+    adders = {
+        "tokenizer.ggml.model": w.add_tokenizer_model, "tokenizer.ggml.pre": w.add_tokenizer_pre,
+        "tokenizer.ggml.tokens": w.add_token_list, "tokenizer.ggml.token_type": w.add_token_types,
+        "tokenizer.ggml.merges": w.add_token_merges, "tokenizer.ggml.scores": w.add_token_scores,
+        "tokenizer.ggml.bos_token_id": w.add_bos_token_id, "tokenizer.ggml.eos_token_id": w.add_eos_token_id,
+        "tokenizer.ggml.unknown_token_id": w.add_unk_token_id, "tokenizer.ggml.add_bos_token": w.add_add_bos_token,
+        "tokenizer.chat_template": w.add_chat_template,
+    }
+    for key, value in meta.items():
+        if key != "general.architecture":  # GGUFWriter wrote it
+            adders[key](value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
 
 
 @pytest.fixture(scope="module")
-def llama() -> Tokenizer:
-    return Tokenizer.from_gguf_meta(llama_meta(), "tiny-llama.gguf")
+def gpt2_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-gpt2.gguf", gpt2_meta())
+
+
+@pytest.fixture(scope="module")
+def gpt2(gpt2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    return Tokenizer.from_gguf(gpt2_gguf, gpt2_meta(), cache=tmp_path_factory.mktemp("gpt2"))
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    path = write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf", llama_meta())
+    return Tokenizer.from_gguf(path, llama_meta())
 
 
 def stream(tok: Tokenizer, ids: list[int]) -> list[str]:
@@ -97,13 +127,19 @@ def test_stream_holds_back_a_split_emoji(gpt2: Tokenizer) -> None:
     assert stream(gpt2, ids) == ["a", "", "", "", "😀"]
 
 
-def test_gguf_tokenizer_is_cached_and_reloaded(tmp_path: Path) -> None:
-    first = Tokenizer.from_gguf_meta(gpt2_meta(), "tiny.gguf", cache=tmp_path)
-    assert (tmp_path / "tokenizer.json").is_file()
-    assert not list(tmp_path.glob("*.tmp"))
+def test_gguf_tokenizer_is_cached_and_reloaded(
+    gpt2_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, cache = tmp_path / "tiny.gguf", tmp_path / "cache"
+    shutil.copy(gpt2_gguf, path)
+    first = Tokenizer.from_gguf(path, gpt2_meta(), cache=cache)
+    assert (cache / "tokenizer.json").is_file()
+    assert not list(cache.glob("*.tmp"))
+    assert capsys.readouterr().out == ""  # stdout carries generated text only
+    path.unlink()  # proves the second build reads the cache, not the file...
     meta = gpt2_meta()
-    del meta["tokenizer.ggml.merges"]  # proves the second build reads the cache, not the metadata
-    second = Tokenizer.from_gguf_meta(meta, "tiny.gguf", cache=tmp_path)
+    del meta["tokenizer.ggml.merges"]  # ...nor the metadata
+    second = Tokenizer.from_gguf(path, meta, cache=cache)
     assert [second.encode(t) for t in TEXTS] == [first.encode(t) for t in TEXTS]
 
 
@@ -123,16 +159,27 @@ def test_sentencepiece_uses_pieces_and_byte_fallback(llama: Tokenizer) -> None:
 
 
 @pytest.mark.parametrize("missing", ["tokenizer.ggml.tokens", "tokenizer.ggml.model"])
-def test_missing_tokenizer_fields_are_input_errors(missing: str) -> None:
+def test_missing_tokenizer_fields_are_input_errors(missing: str, tmp_path: Path) -> None:
     meta = gpt2_meta()
     del meta[missing]
-    with pytest.raises(InputError, match=f"GGUF m.gguf: no tokenizer \\({missing} missing\\)"):
-        Tokenizer.from_gguf_meta(meta, "m.gguf")
+    path = write_gguf(tmp_path / "m.gguf", meta)
+    with pytest.raises(InputError, match=f"GGUF {re.escape(str(path))}: no tokenizer \\({missing} missing\\)"):
+        Tokenizer.from_gguf(path, meta)
 
 
-def test_unsupported_tokenizer_model_is_input_error() -> None:
-    with pytest.raises(InputError, match="tokenizer model 'bert' is not supported"):
-        Tokenizer.from_gguf_meta({**gpt2_meta(), "tokenizer.ggml.model": "bert"}, "m.gguf")
+def test_unsupported_tokenizer_model_is_input_error(tmp_path: Path) -> None:
+    meta = {**gpt2_meta(), "tokenizer.ggml.model": "bert"}
+    path = write_gguf(tmp_path / "m.gguf", meta)
+    with pytest.raises(InputError, match=f"GGUF {re.escape(str(path))}: tokenizer model 'bert' is not supported"):
+        Tokenizer.from_gguf(path, meta)
+
+
+def test_vocabulary_transformers_cannot_convert_is_input_error(tmp_path: Path) -> None:
+    meta = {**gpt2_meta(), "tokenizer.ggml.merges": ["zz qq", *BPE_MERGES]}  # merges tokens not in the vocab
+    path = write_gguf(tmp_path / "m.gguf", meta)
+    with pytest.raises(InputError, match=f"GGUF {re.escape(str(path))}: transformers could not convert") as info:
+        Tokenizer.from_gguf(path, meta)
+    assert "\n" not in str(info.value)
 
 
 def test_chat_template_renders_chatml(gpt2: Tokenizer) -> None:
@@ -144,23 +191,23 @@ def test_chat_template_renders_chatml(gpt2: Tokenizer) -> None:
     )
 
 
-def with_template(template: str) -> Tokenizer:
-    return Tokenizer.from_gguf_meta({**gpt2_meta(), "tokenizer.chat_template": template}, "m")
+def test_chat_template_helpers_and_errors(gpt2_gguf: Path) -> None:
+    def with_template(template: str) -> Tokenizer:
+        return Tokenizer.from_gguf(gpt2_gguf, {**gpt2_meta(), "tokenizer.chat_template": template})
 
-
-def test_chat_template_helpers_and_errors() -> None:
     tok = with_template("{{ bos_token }}{{ messages | tojson }}{{ eos_token }}")
     assert tok.apply_chat_template([{"role": "user", "content": "é<"}]) == (
         '<|im_start|>[{"role": "user", "content": "é<"}]<|im_end|>'
     )
-    with pytest.raises(InputError, match="chat template of m: roles must alternate"):
+    source = re.escape(str(gpt2_gguf))
+    with pytest.raises(InputError, match=f"chat template of {source}: roles must alternate"):
         with_template("{{ raise_exception('roles must alternate') }}").apply_chat_template([])
-    with pytest.raises(InputError, match="chat template of m: Unexpected end of template"):
+    with pytest.raises(InputError, match=f"chat template of {source}: Unexpected end of template"):
         with_template("{% if x %}").apply_chat_template([])
 
 
 def test_no_chat_template_is_input_error(llama: Tokenizer) -> None:
-    with pytest.raises(InputError, match="--chat needs a model with a chat template; tiny-llama.gguf has none"):
+    with pytest.raises(InputError, match="--chat needs a model with a chat template; .*/tiny-llama.gguf has none"):
         llama.apply_chat_template([{"role": "user", "content": "hi"}])
 
 
@@ -222,8 +269,8 @@ def test_default_gguf_matches_transformers(default_gguf: Path, tmp_path: Path) -
     from kerneltriage.engine.gguf_file import read_gguf
 
     meta = read_gguf(default_gguf).meta
-    ours = Tokenizer.from_gguf_meta(meta, str(default_gguf), cache=tmp_path)
-    cached = Tokenizer.from_gguf_meta(meta, str(default_gguf), cache=tmp_path)
+    ours = Tokenizer.from_gguf(default_gguf, meta, cache=tmp_path)
+    cached = Tokenizer.from_gguf(default_gguf, meta, cache=tmp_path)
     reference = AutoTokenizer.from_pretrained(default_gguf.parent, gguf_file=default_gguf.name)
     texts = [*TEXTS, "  leading\ttabs\r\n", "def f(x):\n    return x**2  # ok\n", "3.14+1234567", "한국어 🇫🇷"]
     for text in texts:

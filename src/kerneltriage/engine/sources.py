@@ -43,7 +43,7 @@ def _from_gguf(path: Path) -> Checkpoint:
 
     contents = read_gguf(path)
     config = ModelConfig.from_gguf(contents.meta, "output.weight" in contents.tensors, name=path.stem)
-    tokenizer = Tokenizer.from_gguf_meta(contents.meta, cache=converted_dir(path), source=str(path))
+    tokenizer = Tokenizer.from_gguf(path, contents.meta, cache=converted_dir(path))
     return Checkpoint(config, gguf_to_internal(contents, config), tokenizer, source=str(path),
                       chat_template=tokenizer.chat_template)
 

@@ -1,8 +1,8 @@
 """Text ↔ token ids: a thin wrapper over a `tokenizers.Tokenizer`, plus chat templates.
 
-A GGUF carries its vocabulary as metadata; transformers' own GGUF converter turns that into a
-`tokenizers.Tokenizer` (so our ids equal `AutoTokenizer.from_pretrained(..., gguf_file=...)`'s),
-and the result is cached as `tokenizer.json` because importing transformers costs seconds.
+A GGUF carries its vocabulary as metadata; `AutoTokenizer.from_pretrained(folder, gguf_file=name)`
+converts that into a `tokenizers.Tokenizer` (so our ids equal transformers'), and the result is
+cached as `tokenizer.json` because importing transformers and converting cost seconds.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from kerneltriage.core.errors import InputError
 
 BYTE_VOCAB = 256  # ByteTokenizer: ids below this are raw UTF-8 bytes
 _GGUF_EOS_KEYS = ("eos_token_id", "eot_token_id", "eom_token_id")
-# transformers' special-token names -> GGUF `tokenizer.ggml.*` id keys
-_GGUF_SPECIAL = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
-                 "pad_token": "padding_token_id"}
+# `tokenizer.ggml.model` values we convert: byte-level BPE and sentencepiece, what llama/qwen GGUFs use.
+# Checked here because older transformers quietly build a wrong tokenizer for other values.
+_GGUF_TOKENIZER_MODELS = ("gpt2", "llama")
 
 
 class Tokenizer:
@@ -70,21 +70,21 @@ class Tokenizer:
                    add_bos=adds_bos, chat_template=chat_template)
 
     @classmethod
-    def from_gguf_meta(cls, meta: dict[str, Any], source: str, cache: Path | None = None) -> Tokenizer:
-        """Build from a GGUF's metadata; `cache` (a per-model folder) keeps the converted `tokenizer.json`."""
+    def from_gguf(cls, path: Path, meta: dict[str, Any], cache: Path | None = None) -> Tokenizer:
+        """Build for the GGUF file `path` with metadata `meta`; `cache` (a per-model folder) keeps `tokenizer.json`."""
         for key in ("tokenizer.ggml.model", "tokenizer.ggml.tokens"):
             if key not in meta:
-                raise InputError(f"GGUF {source}: no tokenizer ({key} missing)")
+                raise InputError(f"GGUF {path}: no tokenizer ({key} missing)")
         cached = cache / "tokenizer.json" if cache is not None else None
         if cached is not None and cached.is_file():
             backend = tokenizers.Tokenizer.from_file(str(cached))
         else:
-            backend = _convert_gguf(meta, source)
+            backend = _convert_gguf_tokenizer(path, meta)
             if cached is not None:
                 _write_atomic(cached, backend.to_str())
         eos = [meta[f"tokenizer.ggml.{key}"] for key in _GGUF_EOS_KEYS if f"tokenizer.ggml.{key}" in meta]
         bos = meta.get("tokenizer.ggml.bos_token_id")
-        return cls.from_backend(backend, source, bos, eos, meta.get("tokenizer.chat_template"))
+        return cls.from_backend(backend, str(path), bos, eos, meta.get("tokenizer.chat_template"))
 
     @classmethod
     def from_hf_dir(cls, path: Path) -> Tokenizer:
@@ -95,8 +95,7 @@ class Tokenizer:
         try:
             backend = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
         except Exception as exc:  # tokenizers raises a bare Exception for a file it cannot parse
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise InputError(f"{path / 'tokenizer.json'}: not a valid tokenizer.json ({reason})") from exc
+            raise InputError(f"{path / 'tokenizer.json'}: not a valid tokenizer.json ({_reason(exc)})") from exc
         config = _read_json(path / "tokenizer_config.json")
         bos = _token_id(backend, config.get("bos_token"))
         eos = _token_id(backend, config.get("eos_token"))
@@ -182,42 +181,34 @@ class _ByteStream:
         return self._utf8.decode(b"", final=True)
 
 
-def _convert_gguf(meta: dict[str, Any], source: str) -> tokenizers.Tokenizer:
-    """transformers' GGUF tokenizer conversion, fed from metadata instead of a file path.
+def _convert_gguf_tokenizer(path: Path, meta: dict[str, Any]) -> tokenizers.Tokenizer:
+    """transformers' conversion of the GGUF's vocabulary, with the BOS/EOS post-processor llama.cpp implies.
 
-    Mirrors `get_gguf_tokenizer` + `TokenizersBackend(...)`, which is what `AutoTokenizer` runs:
-    the wrapper sets the post-processor that adds BOS/EOS.
+    The flags follow transformers 5.24 (`tokenizer.ggml.add_bos/eos_token`; BOS on by default for
+    sentencepiece, as llama.cpp does); older transformers ignore them and would drop Llama-2's BOS.
     """
-    from transformers.integrations.gguf import gguf_tokenizer_mapping as ggml
-    from transformers.tokenization_utils_tokenizers import TokenizersBackend
-
     kind = meta["tokenizer.ggml.model"]
-    if kind not in ggml.GGUF_TOKENIZER_TYPES:
-        supported = ", ".join(sorted(ggml.GGUF_TOKENIZER_TYPES))
-        raise InputError(f"GGUF {source}: tokenizer model {kind!r} is not supported (expected one of {supported})")
+    if kind not in _GGUF_TOKENIZER_MODELS:
+        supported = ", ".join(_GGUF_TOKENIZER_MODELS)
+        raise InputError(f"GGUF {path}: tokenizer model {kind!r} is not supported (expected one of {supported})")
     if "tokenizer.ggml.merges" not in meta and "tokenizer.ggml.scores" not in meta:
-        raise InputError(f"GGUF {source}: no tokenizer (tokenizer.ggml.merges and tokenizer.ggml.scores missing)")
-    groups = {
-        group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in meta}
-        for group, renames in ggml.GGUF_TOKENIZER_MAPPING.items()
-    }
-    backend, _ = ggml.convert_gguf_tokenizer(meta.get("general.architecture", ""), groups["tokenizer"])
-    config = _gguf_wrapper_config(meta, groups["tokenizer_config"])
-    return TokenizersBackend(tokenizer_object=backend, **config).backend_tokenizer
+        raise InputError(f"GGUF {path}: no tokenizer (tokenizer.ggml.merges and tokenizer.ggml.scores missing)")
+    from transformers import AutoTokenizer
+
+    try:
+        backend = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).backend_tokenizer
+    except Exception as exc:  # transformers and tokenizers raise ValueError, OSError, bare Exception...
+        raise InputError(f"GGUF {path}: transformers could not convert its tokenizer ({_reason(exc)})") from exc
+    flags = {"add_bos_token": meta.get("tokenizer.ggml.add_bos_token", kind == "llama"),
+             "add_eos_token": meta.get("tokenizer.ggml.add_eos_token", False)}
+    bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
+    backend.post_processor = _bos_eos_processor(backend, flags, bos, eos)
+    return backend
 
 
-def _gguf_wrapper_config(meta: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    """The special tokens and BOS/EOS flags `get_gguf_tokenizer` hands the transformers wrapper."""
-    config = {key: value for key, value in config.items() if key != "chat_template"}
-    kind = meta["tokenizer.ggml.model"]
-    if kind == "llama":  # llama.cpp adds BOS to a sentencepiece vocabulary that does not say otherwise
-        config.setdefault("add_bos_token", True)
-    elif kind == "gemma4":  # its chat template writes <bos> itself
-        config["add_bos_token"] = False
-    for name, key in _GGUF_SPECIAL.items():
-        token_id = meta.get(f"tokenizer.ggml.{key}")
-        config[name] = meta["tokenizer.ggml.tokens"][token_id] if token_id is not None else None
-    return config
+def _reason(exc: Exception) -> str:
+    """The first line of an exception's message, for a one-line error."""
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _bos_eos_processor(
