@@ -1,0 +1,245 @@
+"""Time llama-bench tests: warm-ups apart, `repeats` device-synchronized samples, engines interleaved.
+
+Every engine (kerneltriage's runner here, peers in peers.py) gets the same tokens; its warm-ups run
+alone, then the timed samples of all engines alternate. What a sample is, for kerneltriage:
+
+pp N @ d: the cache holds d prompt tokens (filled untimed, once); each sample trims it back to d and
+  times `runner.prefill` of N tokens at position d between synchronized clocks. Time to first token adds
+  reading the first (greedy) token.
+tg N @ d: each sample prefills d tokens (1 at depth 0) and runs `runner.decode_loop` — the token loop
+  levers may replace — for N + 1 tokens: the first comes from the prefill's logits (time to first token),
+  the N after it are N decode steps, timed from the first token on the host to the last. Rate = N / time.
+
+A yielded token id is a host int, so the device work that made it has finished; the harness reads a
+plain clock there. A synchronizing clock would also wait for work a pipelined loop has already queued for
+the NEXT token and charge it to the wrong side (time to first token instead of decode).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, NamedTuple, Protocol, Sequence
+
+import torch
+
+from kerneltriage.backends.torch import timing
+from kerneltriage.backends.torch.runner import Runner
+from kerneltriage.backends.torch.sampling import sample
+from kerneltriage.bench.workloads import WORKLOAD_SEED, Test, Tokens, tokens_for
+from kerneltriage.core.environment import Snapshot, take_snapshot
+from kerneltriage.core.measurement import Measurement, MeasurementSpec
+from kerneltriage.engine.sampling import SamplingParams
+
+ENGINE = "kerneltriage"
+DEFAULT_WARMUPS = 1
+GREEDY = SamplingParams()
+# (samples done, what is running): called after every warm-up and timed sample
+Progress = Callable[[int, str], None]
+
+
+class Sample(NamedTuple):
+    """One timed run: seconds of the timed phase, seconds to the first token (None where the engine does
+    not report it), tokens generated (tg)."""
+
+    timed: float
+    first_token: float | None
+    tokens: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How many warm-ups and timed samples each test gets, and the workload seed."""
+
+    repeats: int
+    warmups: int = DEFAULT_WARMUPS
+    seed: int = WORKLOAD_SEED
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.warmups < 0:
+            raise ValueError(f"bench settings: repeats ≥ 1 and warm-ups ≥ 0, got {self.repeats}, {self.warmups}")
+
+
+@dataclass(frozen=True)
+class TestResult:
+    """One engine on one test: the timed phase (prefill for pp, decode for tg), time to first token and
+    peak memory (None where the engine does not report them), and the tokens of the first timed sample."""
+
+    engine: str
+    test: Test
+    timed: Measurement
+    first_token: Measurement | None
+    peak_memory: int | None
+    tokens: tuple[int, ...] = ()
+
+    @property
+    def measurements(self) -> tuple[Measurement, ...]:
+        return (self.timed,) if self.first_token is None else (self.timed, self.first_token)
+
+
+class Engine(Protocol):
+    """Anything the harness can time: kerneltriage's runner, or a peer on the same weights."""
+
+    name: str
+    params: dict
+
+    def supports(self, test: Test) -> str | None:
+        """None when the engine runs `test`, else why it does not."""
+
+    def prepare(self, test: Test, tokens: Tokens) -> Callable[[], Sample]:
+        """Untimed setup for `test` (e.g. fill the cache to its depth); returns one timed sample's function."""
+
+    def peak_memory(self, transient: int | None) -> int | None:
+        """Peak bytes: what the engine holds plus `transient`, the CUDA peak above it during its warm-ups."""
+
+    def close(self) -> None:
+        """Free what the engine holds."""
+
+
+def run_interleaved(engines: Sequence[Engine], test: Test, tokens: Tokens, settings: Settings,
+                    device: torch.device, progress: Progress | None = None) -> list[TestResult]:
+    """`test` on every engine, all fed `tokens`: each engine's warm-ups apart (its peak memory is read
+    there), then the timed samples interleaved A B, B A, A B … so drift in the machine's load hits every
+    engine alike and their ratio stays fair on a shared machine."""
+    runs = [(e, e.prepare(test, tokens)) for e in engines]
+    warm, peaks = {}, {}
+    for engine, run_sample in runs:
+        warm[engine.name], peaks[engine.name] = _warm_up(engine, run_sample, settings, device, progress, test)
+    start = take_snapshot(device.index or 0)
+    timed: dict[str, list[Sample]] = {e.name: [] for e in engines}
+    for i in range(settings.repeats):
+        shift = i % len(runs)
+        for engine, run_sample in runs[shift:] + runs[:shift]:
+            timed[engine.name].append(run_sample())
+            _tell(progress, f"{engine.name} {test.name} sample {i + 1}/{settings.repeats}")
+    end = take_snapshot(device.index or 0)
+    return [build_result(e.name, test, warm[e.name], timed[e.name], (start, end), peaks[e.name], e.params)
+            for e in engines]
+
+
+def _warm_up(engine: Engine, run_sample: Callable[[], Sample], settings: Settings, device: torch.device,
+             progress: Progress | None, test: Test) -> tuple[list[Sample], int | None]:
+    cuda = device.type == "cuda"
+    if cuda:
+        timing.synchronize(device)
+        timing.reset_peak_memory(device)
+        before = torch.cuda.memory_allocated(device)
+    warm = []
+    for i in range(settings.warmups):
+        warm.append(run_sample())
+        _tell(progress, f"{engine.name} {test.name} warm-up {i + 1}/{settings.warmups}")
+    if cuda and not warm:
+        return warm, None  # nothing ran alone: no peak of its own to read
+    transient = torch.cuda.max_memory_allocated(device) - before if cuda else None
+    return warm, engine.peak_memory(transient)
+
+
+def _tell(progress: Progress | None, what: str) -> None:
+    if progress is not None:
+        progress(1, what)
+
+
+def build_result(engine: str, test: Test, warm: Sequence[Sample], timed: Sequence[Sample],
+                 snapshots: tuple[Snapshot, Snapshot], peak_memory: int | None,
+                 params: dict | None = None) -> TestResult:
+    """Measurements of the timed phase and of time to first token, raw samples kept."""
+    common = {"engine": engine, "test": test.name, "kind": test.kind, "n": test.n, "depth": test.depth,
+              **(params or {})}
+    start, end = snapshots
+    phase = MeasurementSpec(f"{engine} {test.name}", test.phase, test.n, "tok", common)
+    first = None
+    if all(s.first_token is not None for s in (*warm, *timed)):
+        spec = MeasurementSpec(f"{engine} {test.name} first token", "ttft", 1, "tok", common)
+        first = Measurement(spec, [s.first_token for s in timed], [s.first_token for s in warm], start, end)
+    timed_phase = Measurement(phase, [s.timed for s in timed], [s.timed for s in warm], start, end)
+    return TestResult(engine, test, timed_phase, first, peak_memory, timed[0].tokens)
+
+
+def _tensor(runner: Runner, tokens: Iterable[int]) -> torch.Tensor:
+    return torch.tensor([list(tokens)], dtype=torch.long, device=runner.device)  # (1, T)
+
+
+@torch.inference_mode()
+def _prefill_sample(runner: Runner, tokens: Tokens) -> Sample:
+    """Prefill N tokens after the cached prefix (trimmed back to it first)."""
+    depth = len(tokens.prefix)
+    runner.model.cache.trim(depth)
+    prompt = _tensor(runner, tokens.prompt)
+    start = timing.synced_clock(runner.device)
+    logits = runner.prefill(runner.model, prompt, depth)  # (1, V)
+    prefilled = timing.synced_clock(runner.device)
+    int(sample(logits, GREEDY).item())  # the host reads the first token
+    return Sample(prefilled - start, time.perf_counter() - start)
+
+
+@torch.inference_mode()
+def _decode_sample(runner: Runner, tokens: Tokens, count: int) -> Sample:
+    """Prefill the prefix, then `count` decode steps through the runner's token loop."""
+    runner.reset_cache(len(tokens.prefix) + count)
+    prefix = _tensor(runner, tokens.prefix)
+    start = timing.synced_clock(runner.device)
+    logits = runner.prefill(runner.model, prefix, 0)
+    loop = runner.decode_loop(runner, logits, len(tokens.prefix), count + 1, GREEDY, None)
+    generated = [next(loop)]
+    first = time.perf_counter()  # a host int: the work that made it is done (module docstring)
+    generated += list(loop)
+    end = time.perf_counter()
+    timing.synchronize(runner.device)  # nothing left queued for the next sample
+    if len(generated) != count + 1:
+        raise RuntimeError(f"token loop gave {len(generated)} tokens, expected {count + 1}")
+    return Sample(end - first, first - start, tuple(generated))
+
+
+def resident_bytes(module: torch.nn.Module) -> int:
+    """Bytes of the storage behind a module's parameters and buffers (tied tensors and views once)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in (*module.parameters(), *module.buffers())}
+    return sum(storages.values())
+
+
+class KerneltriageEngine:
+    """The runner as the harness sees it: its prefill and its token loop (with whatever levers replaced)."""
+
+    name = ENGINE
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.params = {"levers": list(runner.levers)}
+
+    def supports(self, test: Test) -> str | None:
+        return None
+
+    def prepare(self, test: Test, tokens: Tokens) -> Callable[[], Sample]:
+        runner = self.runner
+        runner.reset_cache(test.context_needed)  # allocated now, so its bytes are held, not transient
+        if test.kind == "tg":
+            return lambda: _decode_sample(runner, tokens, test.n)
+        if tokens.prefix:
+            with torch.inference_mode():
+                runner.prefill(runner.model, _tensor(runner, tokens.prefix), 0)  # the depth, untimed
+        return lambda: _prefill_sample(runner, tokens)
+
+    def peak_memory(self, transient: int | None) -> int | None:
+        """CUDA: weights + KV cache + the warm-ups' transient peak; CPU: the process's peak resident set."""
+        device = self.runner.device
+        if device.type != "cuda":
+            return timing.peak_memory_bytes(device)
+        if transient is None:
+            return None
+        cache = self.runner.model.cache
+        return resident_bytes(self.runner.model) + (0 if cache is None else cache.nbytes) + transient
+
+    def close(self) -> None:
+        pass
+
+
+def run_test(runner: Runner, test: Test, settings: Settings, progress: Progress | None = None) -> TestResult:
+    """Warm-ups and `settings.repeats` timed samples of `test` on `runner` alone."""
+    tokens = tokens_for(test, runner.config.vocab_size, settings.seed)
+    return run_interleaved([KerneltriageEngine(runner)], test, tokens, settings, runner.device, progress)[0]
+
+
+def run_tests(runner: Runner, tests: Sequence[Test], settings: Settings,
+              progress: Progress | None = None) -> list[TestResult]:
+    """Every test in order on one runner."""
+    return [run_test(runner, test, settings, progress) for test in tests]

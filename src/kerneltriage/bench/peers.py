@@ -1,0 +1,228 @@
+"""Peers measured in the same command, on the same weights, prompt tokens and lengths as kerneltriage.
+
+- `hf`: transformers eager. A GGUF is loaded by transformers itself (`gguf_file=`), a HF folder with
+  `from_pretrained`, a preset (random weights) with `from_config` and OUR weights copied in.
+  pp: one forward of N tokens over a cache holding the d-token prefix, with `logits_to_keep=1` (what
+  `generate` passes); tg: `generate` for N + 1 tokens after the prefix, a streamer stamping each token.
+- `hf-static`: the same `generate` with `cache_implementation="static"`, which compiles the decode step
+  by itself (CUDA only; the first call compiles for about a minute). Its prefill is not compiled, so
+  pp tests are left to `hf`.
+- `llama.cpp` (llamacpp_peer.py): the `llama_cpp` package (all layers on the GPU, flash attention on) or a
+  `llama-bench` binary (`--llama-bench PATH`), whose pp/tg rows map one to one onto ours. Needs a GGUF.
+
+EOS is ignored everywhere, as in every token loop under test. A peer that is not installed is reported,
+never silently dropped; a peer that fails raises (a failed measurement is not a result).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib.util
+import inspect
+import io
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from kerneltriage.backends.torch import timing
+from kerneltriage.backends.torch.runner import Runner
+from kerneltriage.bench.harness import (KerneltriageEngine, Progress, Sample, Settings, TestResult, resident_bytes,
+                                        run_interleaved)
+from kerneltriage.bench.llamacpp_peer import NOT_INSTALLED, PeerRun, open_llama_cpp
+from kerneltriage.bench.workloads import Test, Tokens, tokens_for
+from kerneltriage.core.errors import InputError
+
+PEERS = ("hf", "hf-static", "llama.cpp")
+_HF_CONFIGS = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
+
+
+def parse_peers(text: str) -> tuple[str, ...]:
+    """`hf,llama.cpp` → ('hf', 'llama.cpp'); an unknown name is an InputError."""
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    for name in names:
+        if name not in PEERS:
+            raise InputError(f"--peers: unknown peer {name!r}; expected some of {', '.join(PEERS)}")
+    return names
+
+
+def open_peer(name: str, runner: Runner, tests: Sequence[Test], settings: Settings,
+              progress: Progress | None = None, llama_bench: Path | None = None) -> PeerRun:
+    """A peer loaded and ready to be interleaved (`engine`), one that ran by itself (`results`: a
+    llama-bench binary), or why it cannot run (`unavailable`)."""
+    if progress is not None:
+        progress(0, f"loading {name}")
+    if name in ("hf", "hf-static"):
+        return _open_hf(name, runner)
+    return open_llama_cpp(runner, tests, settings, progress, llama_bench)
+
+
+def run_bench(runner: Runner, tests: Sequence[Test], peers: Sequence[str], settings: Settings,
+              progress: Progress | None = None, llama_bench: Path | None = None) -> tuple[list[TestResult], list[PeerRun]]:
+    """Every test on kerneltriage and every peer, test by test, samples interleaved across engines."""
+    ours = KerneltriageEngine(runner)
+    runs = [open_peer(name, runner, tests, settings, progress, llama_bench) for name in peers]
+    results: list[TestResult] = []
+    try:
+        for test in tests:
+            engines = [ours]
+            for run in (r for r in runs if r.engine is not None):
+                why = run.engine.supports(test)
+                if why is None:
+                    engines.append(run.engine)
+                else:
+                    run.skipped[test.name] = why
+            tokens = tokens_for(test, runner.config.vocab_size, settings.seed)
+            results += run_interleaved(engines, test, tokens, settings, runner.device, progress)
+    finally:
+        for run in runs:
+            if run.engine is not None:
+                run.engine.close()
+    return results + [r for run in runs for r in run.results], runs
+
+
+# ---- Hugging Face transformers ----------------------------------------------------------------------
+
+def _hf_config(runner: Runner) -> Any:
+    import transformers
+
+    c = runner.config
+    rope = c.rope_scaling
+    scaling = None if rope is None else {
+        "rope_type": "llama3", "factor": rope.factor, "low_freq_factor": rope.low_freq_factor,
+        "high_freq_factor": rope.high_freq_factor, "original_max_position_embeddings": rope.original_max_position}
+    return getattr(transformers, _HF_CONFIGS[c.arch])(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim, max_position_embeddings=c.max_context, rms_norm_eps=c.rms_eps,
+        tie_word_embeddings=c.tie_embeddings, rope_theta=c.rope_theta, rope_scaling=scaling,
+        **({"attention_bias": c.attention_bias} if c.arch == "llama" else {}))
+
+
+def load_hf(runner: Runner) -> torch.nn.Module:
+    """The same model in transformers, on the runner's device and dtype."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    transformers.logging.set_verbosity_error()  # its notices and tqdm bars would break our progress bar
+    transformers.logging.disable_progress_bar()
+    source = Path(runner.checkpoint.source)
+    if runner.config.random_weights:
+        with torch.device(runner.device):
+            model = AutoModelForCausalLM.from_config(_hf_config(runner), dtype=runner.dtype)
+        _copy_our_weights(model, runner)
+    elif source.suffix == ".gguf":
+        with contextlib.redirect_stderr(io.StringIO()):  # its GGUF converter's own tqdm bar ignores the above
+            model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=runner.dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=runner.dtype)
+    model = model.to(runner.device).eval()
+    model.generation_config.eos_token_id = None  # EOS ignored: always N tokens
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def _copy_our_weights(model: torch.nn.Module, runner: Runner) -> None:
+    """HF names are ours under `model.` (lm_head stays top-level); every HF tensor must find its twin."""
+    ours = dict(runner.model.named_parameters(remove_duplicate=False))
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            source = ours.get(name.removeprefix("model."))
+            if source is None or source.shape != tensor.shape:
+                raise RuntimeError(f"hf peer: no weight of shape {tuple(tensor.shape)} for {name}")
+            tensor.copy_(source)
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """transformers 5.2x calls the cache argument `cache`; earlier releases `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _output_cache(out: Any) -> Any:
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
+@torch.no_grad()
+def _hf_prefill_sample(model: torch.nn.Module, tokens: Tokens, device: torch.device) -> Sample:
+    """Forward of the prompt over a fresh cache holding the prefix (filled untimed)."""
+    cache = None
+    if tokens.prefix:
+        prefix = torch.tensor([tokens.prefix], device=device)
+        cache = _output_cache(model(prefix, use_cache=True, logits_to_keep=1))
+    prompt = torch.tensor([tokens.prompt], device=device)
+    start = timing.synced_clock(device)
+    out = model(prompt, use_cache=True, logits_to_keep=1, **{_cache_kwarg(model): cache})
+    prefilled = timing.synced_clock(device)
+    int(out.logits[0, -1].argmax())
+    return Sample(prefilled - start, time.perf_counter() - start)
+
+
+class _Stamps:
+    """A `generate` streamer noting when each put arrives: the prompt first, then every new token (a CPU
+    tensor, so the device work behind it is done)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.tokens: list[int] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.times.append(time.perf_counter())
+        if len(self.times) > 1:
+            self.tokens += value.reshape(-1).tolist()
+
+    def end(self) -> None:
+        pass
+
+
+def _hf_decode_sample(model: torch.nn.Module, tokens: Tokens, count: int, device: torch.device,
+                      static: bool) -> Sample:
+    ids = torch.tensor([tokens.prefix], device=device)
+    stamps = _Stamps()
+    extra = {"cache_implementation": "static"} if static else {}
+    start = timing.synced_clock(device)
+    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=count + 1, do_sample=False,
+                   streamer=stamps, **extra)
+    if len(stamps.times) != count + 2:
+        raise RuntimeError(f"hf generate streamed {len(stamps.times) - 1} tokens, expected {count + 1}")
+    first, last = stamps.times[1], stamps.times[-1]
+    return Sample(last - first, first - start, tuple(stamps.tokens))
+
+
+def _open_hf(name: str, runner: Runner) -> PeerRun:
+    if importlib.util.find_spec("transformers") is None:
+        return PeerRun(name, unavailable=NOT_INSTALLED)
+    if name == "hf-static" and runner.device.type != "cuda":
+        return PeerRun(name, unavailable="needs CUDA", note="its compiled decode step replays CUDA graphs")
+    engine = HFEngine(name, load_hf(runner), runner.device)
+    return PeerRun(name, engine=engine, note=f"attention {engine.params['attention']}")
+
+
+class HFEngine:
+    """transformers eager (`hf`) or its static-cache generate, compiled on the first call (`hf-static`)."""
+
+    def __init__(self, name: str, model: torch.nn.Module, device: torch.device) -> None:
+        self.name, self.model, self.device = name, model, device
+        self.static = name == "hf-static"
+        self.params = {"attention": model.config._attn_implementation}
+
+    def supports(self, test: Test) -> str | None:
+        # generate compiles the decode step only: a static-cache prefill is hf's eager prefill
+        return "n/a: prefill is hf's" if self.static and test.kind == "pp" else None
+
+    def prepare(self, test: Test, tokens: Tokens) -> Callable[[], Sample]:
+        if test.kind == "pp":
+            return lambda: _hf_prefill_sample(self.model, tokens, self.device)
+        return lambda: _hf_decode_sample(self.model, tokens, test.n, self.device, self.static)
+
+    def peak_memory(self, transient: int | None) -> int | None:
+        """CUDA: its weights + the warm-ups' transient peak (caches, activations); CPU: not reported."""
+        return None if transient is None else resident_bytes(self.model) + transient
+
+    def close(self) -> None:
+        del self.model
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()

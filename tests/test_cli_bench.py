@@ -1,0 +1,125 @@
+"""`kerneltriage bench` and `kerneltriage ceilings` end to end on a tiny model (load_checkpoint patched)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny_config
+from kerneltriage.backends.torch import ceilings as ceilings_mod
+from kerneltriage.bench import peers
+from kerneltriage.cli.main import main
+from kerneltriage.core.ledger import Ledger
+from kerneltriage.core.roofline import Ceilings
+from kerneltriage.engine import sources
+from kerneltriage.engine.checkpoint import Checkpoint
+from kerneltriage.engine.tokenizer import Tokenizer
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+CEILINGS = Ceilings(20e9, 100e9, "measured", "cpu test", "float32")
+SMALL = ["-p", "8", "-n", "4", "-d", "0,8", "-r", "2", "--device", "cpu"]
+
+
+@pytest.fixture(autouse=True)
+def tiny_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--model tiny → a 2-layer random llama; ceilings fixed (no measuring in CLI tests)."""
+    real = sources.load_checkpoint
+
+    def load(spec: str = "default") -> Checkpoint:
+        if spec != "tiny":
+            return real(spec)
+        config = tiny_config("llama")
+        return Checkpoint(config, {}, Tokenizer.synthetic(config.vocab_size), source="tiny (random weights)")
+
+    monkeypatch.setattr(sources, "load_checkpoint", load)
+    monkeypatch.setattr(ceilings_mod, "get_ceilings", lambda device, dtype, refresh=False: CEILINGS)
+
+
+def test_json_output_and_one_ledger_experiment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ledger = tmp_path / "ledger.db"
+    assert main(["bench", "--model", "tiny", *SMALL, "--output", "json", "--ledger", str(ledger)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["test"] for r in report["rows"]] == ["pp8", "tg4", "pp8 @ d8", "tg4 @ d8"]
+    for row in report["rows"]:
+        assert row["engine"] == "kerneltriage" and row["status"] == "ok" and row["ratio"] == 1.0
+        assert row["rate"] > 0 and 0 < row["roofline_pct"] <= 100 and row["first_token_s"] > 0
+    assert report["ceilings"]["source"] == "measured" and report["config"]["repeats"] == 2
+    with Ledger(ledger) as opened:
+        (experiment,) = opened.all_experiments()
+    assert experiment.id == report["experiment_id"] and experiment.kind == "bench"
+    assert len(experiment.measurements) == 4 * 2  # the timed phase and time to first token per test
+    assert experiment.environment["python"] and experiment.summary["rows"] == report["rows"]
+
+
+def test_peer_rows_with_ratio_and_missing_peers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "--model", "tiny", "-p", "8", "-n", "4", "-r", "2", "--device", "cpu",
+            "--peers", "hf,hf-static,llama.cpp", "--output", "csv", "--ledger", str(tmp_path / "l.db")]
+    assert main(argv) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [(r["engine"], r["test"]) for r in rows] == [
+        ("kerneltriage", "pp8"), ("hf", "pp8"), ("kerneltriage", "tg4"), ("hf", "tg4"),
+        ("hf-static", "all tests"), ("llama.cpp", "all tests")]
+    hf = rows[1]
+    assert float(hf["ratio"]) == pytest.approx(float(hf["rate"]) / float(rows[0]["rate"]))
+    assert (rows[4]["status"], rows[5]["status"]) == ("needs CUDA", "needs a GGUF")
+
+
+def test_table_and_markdown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for output, marker in (("table", "% roofline"), ("md", "|---")):
+        argv = ["bench", "--model", "tiny", "-p", "8", "-n", "0", "-r", "1", "--device", "cpu",
+                "--output", output, "--ledger", str(tmp_path / "l.db")]
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert marker in out and "pp8" in out and "tg" not in out
+
+
+def test_ctrl_c_leaves_nothing_in_the_ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(peers, "run_interleaved", interrupted)  # mid-benchmark
+    ledger = tmp_path / "ledger.db"
+    assert main(["bench", "--model", "tiny", *SMALL, "--peers", "hf", "--ledger", str(ledger)]) == 130
+    with Ledger(ledger) as opened:
+        assert opened.all_experiments() == []
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["-p", "-1"], "expected whole numbers ≥ 0"),
+    (["-d", "0,x"], "expected whole numbers ≥ 0"),
+    (["-r", "0"], "expected a whole number ≥ 1"),
+    (["--output", "xml"], "invalid choice: 'xml'"),
+    (["--peers", "hf,vllm"], "unknown peer 'vllm'"),
+    (["-p", "0", "-n", "0"], "no test to run"),
+    (["-p", "200"], "expected at most the model's context of 128"),
+    (["--llama-bench", "/nonexistent/llama-bench"], "no such file"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], expected: str, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--model", "tiny", "--ledger", str(tmp_path / "l.db"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "l.db").exists()  # refused before the ledger was opened
+
+
+def test_real_entry_point_refuses_a_non_ledger(tmp_path: Path) -> None:
+    noise = tmp_path / "noise.db"
+    noise.write_bytes(os.urandom(4096))
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    done = subprocess.run([sys.executable, "-m", "kerneltriage", "bench", "--model", "smollm2-135m", "-p", "8",
+                           "-n", "0", "--device", "cpu", "--ledger", str(noise)], env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and "not a kerneltriage ledger" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_ceilings_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ceilings", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "20.0 GB/s" in out and "100 GFLOP/s (float32)" in out and "measured" in out
