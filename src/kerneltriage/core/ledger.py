@@ -24,11 +24,11 @@ from kerneltriage.core.errors import InputError
 from kerneltriage.core.ledger_export import export
 from kerneltriage.core.ledger_schema import migrate
 from kerneltriage.core.measurement import Measurement
+from kerneltriage.core.verdict import VERDICTS
 
 DEFAULT_LEDGER_PATH = Path(".kerneltriage") / "ledger.db"
 # How long a writer waits for another process's commit before giving up.
 BUSY_TIMEOUT_MS = 30_000
-VERDICTS = ("win", "loss", "neutral", "no-lever", "invalid")
 _EXPERIMENT_COLUMNS = "id, created, kind, label, verdict, config, environment, summary"
 # sqlite error names that mean "this file is not a database", as opposed to e.g. "locked".
 _NOT_A_DATABASE = ("SQLITE_NOTADB", "SQLITE_CORRUPT")

@@ -1,0 +1,169 @@
+"""`kerneltriage ab`: an honest A/B of two configurations — outputs checked, candidate proven to run, A/A
+noise band, paired interleaved prefill and decode, optional sustained window, checklist and verdict."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from kerneltriage.core.ledger import DEFAULT_LEDGER_PATH
+from kerneltriage.core.units import format_sig
+
+OUTPUTS = ("table", "json", "md")
+STATUS_MARKS = {"ok": "✓", "warn": "!", "unknown": "?"}
+COLUMNS = ("phase", "test", "A tok/s ± IQR", "B tok/s ± IQR", "B/A [95% CI]", "A/A band", "verdict")
+
+EPILOG = """examples:
+  kerneltriage ab --b levers=last_logits                    stock vs last_logits on the default model
+  kerneltriage ab --model llama3-8b --a 'levers=' --b 'levers=graphs,one_sync' -r 10 --sustain 60
+  kerneltriage ab --b levers=graphs --output json > ab.json
+
+A spec is key=value pairs separated by ';' (today one key: levers=a,b; 'levers=' is stock).
+Order of work: greedy digests of A and B must match (levers that change numerics may instead stay within
+a stated logit tolerance); A against a second copy of A (A/A) sizes the noise band; then -r pairs of A and
+B, interleaved, prefill (pp N) and decode (tg N) apart. tok/s = tokens / median sample time; ± = IQR of
+the per-sample rates; B/A = median A time / median B time with its 95% paired-bootstrap CI; the A/A band
+is 1 ± the A/A CI bound farthest from 1 (at least 1%). Verdicts: win / loss (B/A CI clear of the band),
+neutral (not clear), no-lever, invalid (outputs differ, or a lever of B never ran in the timed runs).
+Exit status is 0 whatever the verdict. Every run is one ledger experiment with all its samples."""
+
+
+def _whole(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number ≥ {minimum}, got {text!r}")
+        return int(text)
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds ≥ 0, got {text!r}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `ab` to the top-level subcommands."""
+    parser = subparsers.add_parser(
+        "ab", help="honest A/B of two configurations: A/A noise, paired runs, checklist, verdict",
+        description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--model", default="default", help="default | preset | FILE.gguf | HF folder (default: %(default)s)")
+    add("--device", default="auto", help="auto | cuda | cuda:N | cpu (default: auto = cuda if visible)")
+    add("--dtype", default="auto", help="auto (bf16 on cuda, float32 on cpu) | float32 | bf16 | fp16")
+    add("--a", default="levers=", help="baseline spec (default: 'levers=': stock)")
+    add("--b", required=True, help="candidate spec, e.g. 'levers=graphs,one_sync'")
+    add("-p", "--n-prompt", dest="prompt", type=_whole(0), default=512, help="prefill tokens (default: 512; 0 skips)")
+    add("-n", "--n-gen", dest="gen", type=_whole(0), default=128, help="decode tokens (default: 128; 0 skips)")
+    add("-r", "--repetitions", dest="pairs", type=_whole(2), default=10, help="pairs per block (default: 10)")
+    add("--warmups", type=_whole(0), default=1, help="untimed samples per config and phase (default: 1)")
+    add("--sustain", type=_seconds, default=0.0, help="seconds of sustained alternation (default: 0 = none)")
+    add("--output", choices=OUTPUTS, default="table", help="table | json | md (default: table)")
+    add("--ledger", type=Path, default=DEFAULT_LEDGER_PATH, help="ledger file (default: %(default)s)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Parse → load → check, measure, judge → record → render."""
+    from kerneltriage.backends.torch.device import resolve_device, resolve_dtype
+    from kerneltriage.bench.ab import Settings, build_runners, parse_spec, record, run_ab
+    from kerneltriage.bench.workloads import check_fits
+    from kerneltriage.core.environment import capture_environment
+    from kerneltriage.core.ledger import Ledger
+    from kerneltriage.engine.sources import load_checkpoint
+
+    a, b = parse_spec(args.a, "--a"), parse_spec(args.b, "--b")
+    settings = Settings(args.prompt, args.gen, args.pairs, args.warmups, args.sustain)
+    checkpoint = load_checkpoint(args.model)
+    check_fits(settings.tests, checkpoint.config.max_context)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    with Ledger(args.ledger) as ledger:  # opened first: a file that is not a ledger fails before any work
+        runners = build_runners(checkpoint, a, b, device, dtype)
+        print(f"loaded {checkpoint.source} three times (A, A', B) on {device} ({str(dtype).removeprefix('torch.')})",
+              file=sys.stderr)
+        environment = capture_environment()
+        with _spinner() as progress:
+            report = run_ab(runners, settings, progress)
+        experiment_id = record(report, ledger, environment)
+    result = {"experiment_id": experiment_id, "config": report.config, **report.summary(),
+              "environment": environment, "measurements": [m.to_dict() for m in report.measurements]}
+    print(render(result, args.output), end="")
+    return 0
+
+
+def _cells(phase: dict) -> list[str]:
+    r, band = phase["ratio"], phase["band"]
+    return [phase["phase"], phase["test"],
+            f"{format_sig(phase['a']['tok_s'])} ± {format_sig(phase['a']['iqr'], 2)}",
+            f"{format_sig(phase['b']['tok_s'])} ± {format_sig(phase['b']['iqr'], 2)}",
+            f"{r['estimate']:.3f} [{r['low']:.3f}, {r['high']:.3f}]",
+            f"1 ± {band:.3f}", phase["verdict"]]
+
+
+def _phase_line(phase: dict) -> str:
+    warned = f" (warnings: {', '.join(phase['warnings'])})" if phase["warnings"] else ""
+    return f"phase {phase['phase']}: {phase['reason']}{warned}"
+
+
+def _lines(result: dict) -> list[str]:
+    """Everything below the table: overall verdict, outputs, executions, sustained window, checklist."""
+    config = result["config"]
+    executed = "; ".join(f"{name}: " + ", ".join(f"{lever} ×{n}" for lever, n in c.items())
+                         for name, c in result["counters"].items() if c) or "no levers on either side"
+    a, b = (",".join(config[side]["levers"]) or "(stock)" for side in ("a", "b"))
+    lines = [f"A: levers={a}   B: levers={b}   "
+             f"({config['model']}, {config['device']}, {config['dtype']}, {config['pairs']} pairs per block)",
+             f"verdict: {result['verdict'].upper()} — {result['reason']}",
+             f"outputs: {'ok' if result['correctness']['passed'] else 'DIFFER'} — {result['correctness']['detail']}",
+             f"executed in the timed runs: {executed}"]
+    lines += [_phase_line(p) for p in result["phases"]]
+    lines += [f"sustained {label}: {w['first_tok_s']:,.1f} → {w['last_tok_s']:,.1f} tok/s "
+              f"({w['last_tok_s'] / w['first_tok_s'] - 1:+.1%}) first → last window"
+              for label, w in result["sustained"].items()]
+    lines += [f"{STATUS_MARKS[item['status']]} {item['point']}: {item['answer']}" for item in result["checklist"]]
+    return lines + [f"ledger experiment #{result['experiment_id']}"]
+
+
+def render(result: dict, output: str) -> str:
+    """The A/B as a terminal table, Markdown, or JSON with everything (raw samples included)."""
+    if output == "json":
+        return json.dumps(result, indent=2, allow_nan=False) + "\n"
+    rows = [_cells(p) for p in result["phases"]]
+    if output == "md":
+        table = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        table += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(table + [""] + [f"- {line}" for line in _lines(result)]) + "\n"
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console(file=sys.stdout, width=max(140, Console().width))
+    grid = Table(*COLUMNS)
+    for row in rows:
+        grid.add_row(*map(escape, row))
+    with console.capture() as captured:
+        console.print(grid)
+        for line in _lines(result):
+            console.print(line, markup=False, highlight=False)
+    return captured.get()
+
+
+@contextmanager
+def _spinner() -> Iterator[Any]:
+    """A rich spinner on stderr; the yielded `progress(what)` says what is running now."""
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("ab: {task.description}"), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("loading", total=None)
+        yield lambda what: bar.update(task, description=what)
