@@ -69,20 +69,26 @@ def main() -> None:
     checkpoint = load_checkpoint(args.model)
     rng = random.Random(0)
     prompt = [rng.randrange(checkpoint.config.vocab_size) for _ in range(args.p)]
-    rows = []
-    for spec in args.sets.split(";"):
-        levers = parse_levers("" if spec == "none" else spec)
-        rows.append(measure(checkpoint, levers, prompt, args, device, dtype))
-        row = rows[-1]
-        print(f"{spec:50s} prefill {row['prefill_median']:>10,.0f} tok/s  decode {row['decode_median']:>8,.1f} "
-              f"± {row['decode_iqr']:.1f} tok/s  digest {row['digest']}", flush=True)
     name = checkpoint.config.name or args.model
     out = Path(args.out) / f"decode-levers-{name}-{device.type}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "decode-levers", "model": checkpoint.source, "dtype": str(dtype),
-                               "prompt_tokens": args.p, "new_tokens": args.n, "repeats": args.r,
-                               "interleaved": False, "rows": rows, "environment": capture_environment()}, indent=2))
-
+    rows = []
+    for spec in args.sets.split(";"):
+        levers = parse_levers("" if spec == "none" else spec)
+        try:
+            rows.append(measure(checkpoint, levers, prompt, args, device, dtype))
+        except Exception as exc:  # a lever that fails here is a result to record, then the next set runs
+            rows.append({"levers": list(levers), "error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"})
+            print(f"{spec:50s} FAILED {rows[-1]['error']}", flush=True)
+            continue
+        finally:  # written after every set: a later crash keeps what was measured
+            out.write_text(json.dumps({"benchmark": "decode-levers", "model": checkpoint.source,
+                                       "dtype": str(dtype), "prompt_tokens": args.p, "new_tokens": args.n,
+                                       "repeats": args.r, "interleaved": False, "rows": rows,
+                                       "environment": capture_environment()}, indent=2))
+        row = rows[-1]
+        print(f"{spec:50s} prefill {row['prefill_median']:>10,.0f} tok/s  decode {row['decode_median']:>8,.1f} "
+              f"± {row['decode_iqr']:.1f} tok/s  digest {row['digest']}", flush=True)
 
 if __name__ == "__main__":
     main()
