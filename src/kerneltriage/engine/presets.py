@@ -31,6 +31,12 @@ PRESETS: dict[str, ModelConfig] = {
         num_heads=32, num_kv_heads=8, head_dim=128, max_context=40960, rope_theta=1000000.0,
         rms_eps=1e-6, qk_norm=True, name="qwen3-8b", random_weights=True,
     ),
+    # head_dim 320: above every fused SDPA backend's limit on GQA (triage must find the math fallback).
+    "hd320-1b": ModelConfig(
+        arch="llama", vocab_size=32000, hidden_size=2560, intermediate_size=6912, num_layers=16,
+        num_heads=8, num_kv_heads=2, head_dim=320, max_context=8192, rope_theta=10000.0,
+        rms_eps=1e-5, name="hd320-1b", random_weights=True,
+    ),
 }
 
 

@@ -1,0 +1,87 @@
+"""The M-sweep: every projection matmul shape of the model at M = 1…16 rows (what speculative verification,
+k + 1 rows, feeds it), per-call time. A bandwidth-bound GEMV costs about the same at every small M; a jump
+or a smaller M costing more than a larger one is a hole in the library's tuning grid.
+
+CUDA: every layer's weight of a shape is cycled through (none stays cache-resident), CUDA-event timing.
+CPU: tiny — one weight per shape, a few row counts, a synchronized host clock.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kerneltriage.backends.torch.gates import event_seconds
+from kerneltriage.backends.torch.models.llama import Model
+from kerneltriage.backends.torch.timing import synced_clock
+
+SWEEP_ROWS = tuple(range(1, 17))
+CPU_SWEEP_ROWS = (1, 2, 4, 8, 16)  # the CPU sweep stays tiny: one weight per shape, a few rows
+SWEEP_MIN_CALLS, SWEEP_SAMPLES, SWEEP_WARMUPS, CPU_SWEEP_SAMPLES = 32, 5, 2, 3
+
+
+@dataclass(frozen=True)
+class SweepCurve:
+    """Per-call seconds of one projection shape (x (M, K) @ Wᵀ, W (N, K)) at each row count M."""
+
+    name: str  # the op classes with this shape, e.g. "gate_proj/up_proj"
+    k: int
+    n: int
+    weights: int  # distinct weights cycled through (every layer's: none stays cache-resident)
+    rows: tuple[int, ...]
+    seconds: tuple[float, ...]
+    timer: str  # "cuda events" or "cpu clock"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def projection_shapes(model: Model) -> dict[tuple[int, int], tuple[list[str], list[torch.Tensor]]]:
+    """Every Linear weight of the model grouped by (K, N), with the op class names sharing that shape."""
+    shapes: dict[tuple[int, int], tuple[list[str], list[torch.Tensor]]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            names, weights = shapes.setdefault((module.in_features, module.out_features), ([], []))
+            short = name.rsplit(".", 1)[-1]
+            names.extend([short] if short not in names else [])
+            weights.append(module.weight)
+    return shapes
+
+
+def _linear_seconds(weights: list[torch.Tensor], rows: int, cuda: bool) -> float:
+    """Per-call seconds of F.linear with `rows` random rows, cycling through `weights`."""
+    first = weights[0]
+    x = torch.randn(rows, first.shape[1], device=first.device, dtype=first.dtype)
+
+    def one_pass() -> None:
+        for weight in weights:
+            F.linear(x, weight)
+
+    if cuda:
+        passes = max(1, SWEEP_MIN_CALLS // len(weights))
+        return event_seconds(one_pass, passes, SWEEP_SAMPLES, SWEEP_WARMUPS) / len(weights)
+    one_pass()
+    times = []
+    for _ in range(CPU_SWEEP_SAMPLES):
+        start = synced_clock(first.device)
+        one_pass()
+        times.append(synced_clock(first.device) - start)
+    return statistics.median(times) / len(weights)
+
+
+@torch.inference_mode()
+def m_sweep(model: Model, device: torch.device, rows: tuple[int, ...] | None = None) -> list[SweepCurve]:
+    """Every projection shape at every row count (CUDA: all of `rows`, default 1…16; CPU: a tiny subset)."""
+    cuda = device.type == "cuda"
+    rows = rows or (SWEEP_ROWS if cuda else CPU_SWEEP_ROWS)
+    curves = []
+    for (k, n), (names, weights) in projection_shapes(model).items():
+        used = weights if cuda else weights[:1]
+        seconds = tuple(_linear_seconds(used, m, cuda) for m in rows)
+        curves.append(SweepCurve("/".join(names), k, n, len(used), tuple(rows), seconds,
+                                 "cuda events" if cuda else "cpu clock"))
+    return curves

@@ -1,0 +1,100 @@
+"""Measured lever gains for triage: a paired, interleaved A/B on one test, through the bench harness.
+
+A is the runner as configured; B runs a copy of its model with the same levers plus one.
+Pairs run A B, A B, …; the gain is median(A) / median(B) with a paired bootstrap interval. The lever's own
+execution counter proves that B ran it; greedy tokens (decode tests) must be equal.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kerneltriage.core import stats
+from kerneltriage.core.errors import InputError
+
+BOOTSTRAP_RESAMPLES = 1000
+
+
+@dataclass(frozen=True)
+class LeverGain:
+    """One lever's A/B: raw seconds of the timed phase per pair, the gain, and the verdict."""
+
+    lever: str
+    phase: str
+    test: str
+    baseline: tuple[float, ...]
+    candidate: tuple[float, ...]
+    gain: float  # median(baseline) / median(candidate): > 1 is faster
+    low: float
+    high: float
+    ran: bool  # the lever's counter moved
+    same_tokens: bool | None  # None for prefill tests (no tokens compared)
+    verdict: str  # win | loss | neutral | invalid
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def verdict(interval: stats.Interval, ran: bool, same_tokens: bool | None) -> str:
+    """invalid when the lever did not run or changed the tokens; else by where the interval lies around 1."""
+    if not ran or same_tokens is False:
+        return "invalid"
+    if interval.low > 1:
+        return "win"
+    return "loss" if interval.high < 1 else "neutral"
+
+
+def candidate_runner(runner: Any, lever: str) -> Any:
+    """A runner on a copy of the baseline's model (weights copied on the device: no reload) with the
+    baseline's levers plus `lever`. Raises InputError when the lever cannot apply here (e.g. graphs on a CPU)."""
+    from kerneltriage.backends.torch.accelerate import apply_levers
+    from kerneltriage.backends.torch.runner import Runner
+
+    if lever in runner.levers:
+        raise InputError(f"lever {lever} is already on")
+    cache, runner.model.cache = runner.model.cache, None  # the cache is not part of the copy
+    try:
+        model = copy.deepcopy(runner.model)
+    finally:
+        runner.model.cache = cache
+    return apply_levers(Runner(model, runner.checkpoint, runner.device, runner.dtype), tuple(runner.levers) + (lever,))
+
+
+def measure_lever(runner: Any, lever: str, test: Any, pairs: int, warmups: int) -> LeverGain:
+    """Interleaved A/B of `runner` against `runner` + `lever` on `test` (`warmups` untimed runs each, first)."""
+    candidate = candidate_runner(runner, lever)
+    try:
+        a, b = _pairs(runner, candidate, test, pairs, warmups)
+        ran = candidate.counters[lever] > 0
+    finally:
+        del candidate
+        _free_memory(runner.device)
+    same = None if test.kind == "pp" else all(x.tokens == y.tokens for x, y in zip(a, b))
+    base = tuple(r.timed.samples[0] for r in a)
+    cand = tuple(r.timed.samples[0] for r in b)
+    interval = stats.bootstrap_ratio_ci(base, cand, resamples=BOOTSTRAP_RESAMPLES)
+    return LeverGain(lever, test.phase, test.name, base, cand, interval.estimate, interval.low, interval.high,
+                     ran, same, verdict(interval, ran, same))
+
+
+def _pairs(runner: Any, candidate: Any, test: Any, pairs: int, warmups: int) -> tuple[list, list]:
+    from kerneltriage.bench.harness import Settings, run_test
+
+    a, b = [], []
+    for i in range(pairs):
+        settings = Settings(repeats=1, warmups=warmups if i == 0 else 0)
+        a.append(run_test(runner, test, settings))
+        b.append(run_test(candidate, test, settings))
+    return a, b
+
+
+def _free_memory(device: Any) -> None:
+    """Collect the candidate now (lever closures hold cycles): an 8B copy must not outlive its A/B."""
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

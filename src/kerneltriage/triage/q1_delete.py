@@ -1,0 +1,122 @@
+"""Question 1 — can I delete work? Detectors over measured shares and recorded calls; each returns a
+Finding or None (silent). Estimates are Amdahl bounds on the measured shares; a measured gain is
+attached where a lever exists and was A/B'd.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+from kerneltriage.triage.amdahl import speedup, speedup_if_free
+from kerneltriage.triage.finding import Finding
+from kerneltriage.triage.measure import LeverGain
+
+if TYPE_CHECKING:
+    from kerneltriage.backends.torch.gates import SdpaCall
+    from kerneltriage.backends.torch.sparsity import Sparsity
+
+QUESTION = "delete"
+OUTPUT_CLASS, ATTENTION_CLASS = "output projection", "attention"
+CAUSAL_SKIP_FACTOR = 2.0  # a causal kernel skips the tiles above the diagonal: about half the work
+OUTPUT_SHARE_MIN = 0.05  # the output projection's decode share worth a vocabulary-compaction note
+SPARSE_FRACTION_MIN = 0.5  # attention weights below the threshold worth a sparse-V note
+V_SHARE_OF_ATTENTION = 0.5  # sparse-V skips V rows only: at most the V half of the K+V bytes attention reads
+_MAX_SHARE = 0.999  # an all-padding prompt: the bound stays finite
+
+
+def _measured(gain: LeverGain | None) -> tuple[float | None, str]:
+    """A lever's gain as a finding's measured gain (only when the A/B is valid) and the confidence."""
+    if gain is None or gain.verdict == "invalid":
+        return None, "estimated"
+    return gain.gain, "measured"
+
+
+def all_position_logits(output_rows: Sequence[int], output_share: float, gain: LeverGain | None = None
+                        ) -> Finding | None:
+    """The prefill's output projection ran for more rows than the one position whose logits are read."""
+    rows = max(output_rows, default=1)
+    if rows <= 1:
+        return None
+    deletable = output_share * (1 - 1 / rows)
+    measured, confidence = _measured(gain)
+    return Finding(
+        QUESTION, "all-position-logits",
+        f"prefill computes logits for all {rows} prompt positions; only the last is read",
+        {"rows": rows, "output_share": output_share, "deletable_share": deletable,
+         "ab": None if gain is None else gain.to_dict()},
+        speedup_if_free(deletable), measured, confidence,
+        "apply the output projection to the last position only (--levers last_logits)", "prefill", "last_logits")
+
+
+def explicit_causal_masks(calls: Sequence[SdpaCall], attention_share: float) -> Finding | None:
+    """Attention on a fresh prompt given an explicit mask (that is causal, or of unknown content) instead
+    of is_causal: the kernel computes every tile, those above the diagonal included."""
+    masked = [c for c in calls if c.fresh_prompt and c.mask is not None and not c.is_causal
+              and c.mask_is_causal is not False]
+    if not masked:
+        return None
+    return Finding(
+        QUESTION, "explicit-causal-mask",
+        f"{len(masked)} attention calls on a fresh prompt pass an explicit mask where is_causal would do",
+        {"calls": len(masked), "mask_shape": list(masked[0].mask or ()), "attention_share": attention_share,
+         "mask_is_causal": [c.mask_is_causal for c in masked[:1]]},
+        speedup(attention_share, CAUSAL_SKIP_FACTOR), None, "estimated",
+        "call scaled_dot_product_attention with is_causal=True and no mask on a fresh prompt", "prefill")
+
+
+def padding_work(tokens: Sequence[int], pad_id: int | None) -> Finding | None:
+    """Leading or trailing runs of the pad token: prefill work on positions that carry nothing."""
+    if pad_id is None or not tokens:
+        return None
+    lead = next((i for i, t in enumerate(tokens) if t != pad_id), len(tokens))
+    trail = next((i for i, t in enumerate(reversed(tokens)) if t != pad_id), len(tokens))
+    pads = min(len(tokens), lead + trail)
+    if pads == 0:
+        return None
+    share = pads / len(tokens)  # prefill work grows at least linearly with the positions computed
+    return Finding(
+        QUESTION, "padding-work", f"{pads} of {len(tokens)} prompt positions are padding (pad id {pad_id})",
+        {"pad_tokens": pads, "leading": min(lead, len(tokens)), "trailing": pads - min(lead, len(tokens)),
+         "prompt_tokens": len(tokens)},
+        speedup_if_free(min(share, _MAX_SHARE)), None, "estimated",
+        "strip padding before prefill (batch by length or use a packed/varlen layout)", "prefill")
+
+
+
+def output_projection_decode(output_share: float) -> Finding | None:
+    """The output projection's share of a decode step: the ceiling for vocabulary compaction."""
+    if output_share < OUTPUT_SHARE_MIN:
+        return None
+    return Finding(
+        QUESTION, "vocabulary-ceiling",
+        f"the output projection is {output_share:.0%} of each decode step",
+        {"output_share": output_share},
+        speedup_if_free(output_share), None, "ceiling",
+        "under constrained decoding, score only the allowed tokens (vocabulary compaction)", "decode")
+
+
+def sparse_v(sparsity: Sparsity | None, attention_share: float) -> Finding | None:
+    """Real weights only: the fraction of attention weights ~0 bounds what skipping their V rows saves."""
+    if sparsity is None or sparsity.fraction < SPARSE_FRACTION_MIN:
+        return None
+    deletable = attention_share * V_SHARE_OF_ATTENTION * sparsity.fraction
+    return Finding(
+        QUESTION, "sparse-v",
+        f"{sparsity.fraction:.0%} of attention weights are below {sparsity.threshold:g} at depth {sparsity.depth}",
+        sparsity.to_dict() | {"attention_share": attention_share, "deletable_share": deletable},
+        speedup_if_free(deletable), None, "estimated",
+        "skip V rows whose weight is below the threshold (sparse-V); check output equality at long depth", "decode")
+
+
+def analyze(prefill_shares: Mapping[str, float], decode_shares: Mapping[str, float], output_rows: Sequence[int],
+            prefill_calls: Sequence[SdpaCall], prompt: Sequence[int], pad_id: int | None,
+            sparsity: Sparsity | None, last_logits: LeverGain | None) -> list[Finding]:
+    """Every Q1 detector that fires."""
+    found = (
+        all_position_logits(output_rows, prefill_shares.get(OUTPUT_CLASS, 0.0), last_logits),
+        explicit_causal_masks(prefill_calls, prefill_shares.get(ATTENTION_CLASS, 0.0)),
+        padding_work(prompt, pad_id),
+        output_projection_decode(decode_shares.get(OUTPUT_CLASS, 0.0)),
+        sparse_v(sparsity, decode_shares.get(ATTENTION_CLASS, 0.0)),
+    )
+    return [f for f in found if f is not None]

@@ -1,0 +1,143 @@
+"""Question 2 — can I unlock an existing fast path? Findings from the SDPA gate table, the M-sweep of
+every projection, and the op census (casts, non-contiguous copies, ops left on the CPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from kerneltriage.engine.levers import LEVERS
+from kerneltriage.triage.amdahl import speedup, speedup_if_free
+from kerneltriage.triage.finding import Finding
+
+if TYPE_CHECKING:
+    from kerneltriage.backends.torch.gates import GateRow, SdpaCall, SweepCurve
+
+QUESTION = "fast-path"
+FASTER_BACKEND_MARGIN = 0.10  # an alternative this much faster per call than the default is a missed gate
+STALL_RATIO = 1.5  # per-call cost jumping by this factor from one row count to the next: a tuning-grid hole
+NON_MONOTONE_TOLERANCE = 0.15  # fewer rows costing this much more than some larger row count
+COPIES_SHARE_MIN = 0.02  # copies/casts below this share of a phase are not worth a finding
+MAX_SHARE = 0.999  # keeps an Amdahl bound finite when a share rounds to the whole step
+CLASS_OF_LINEAR = {"lm_head": "output projection"}
+
+
+def describe(call: SdpaCall) -> str:
+    """'1 query × 4096 keys, 32/8 heads, head_dim 64'."""
+    queries = call.q[-2]
+    return (f"{queries} quer{'y' if queries == 1 else 'ies'} × {call.k[-2]} keys, "
+            f"{call.q[1]}/{call.k[1]} heads, head_dim {call.q[-1]}")
+
+
+def _best_alternative(row: GateRow) -> tuple[str, float] | None:
+    options = {name: s for name, s in row.seconds.items() if name not in ("default", row.default)}
+    return min(options.items(), key=lambda item: item[1]) if options else None
+
+
+def _lever_for(backend: str) -> str | None:
+    name = f"sdpa_backend={backend}"
+    return name if name in LEVERS else None
+
+
+def math_fallback(row: GateRow, step_seconds: float) -> Finding | None:
+    """A GPU attention call that dispatch sends to the math backend: torch's reasons, and its cost."""
+    if row.default != "math" or not row.seconds:
+        return None
+    per_pass = row.seconds["default"] * row.calls_per_pass
+    best = _best_alternative(row)
+    saving = 0.0 if best is None else max(0.0, row.seconds["default"] - best[1]) * row.calls_per_pass
+    fix = ("no fused backend takes this shape: change it (e.g. a supported head_dim) or write the kernel"
+           if best is None else f"run it on {best[0]}: {best[1] * 1e6:.0f} µs instead of "
+           f"{row.seconds['default'] * 1e6:.0f} µs per call")
+    return Finding(
+        QUESTION, f"sdpa-math-fallback-{row.phase}",
+        f"{row.phase} attention ({describe(row.call)}) falls back to math: no fused backend takes it",
+        {"call": asdict(row.call), "reasons": row.reasons, "seconds_per_call": row.seconds,
+         "calls_per_pass": row.calls_per_pass, "cost_share": min(per_pass / step_seconds, 1.0),
+         "best_alternative": best},
+        speedup_if_free(min(saving / step_seconds, MAX_SHARE)), None, "estimated", fix, row.phase,
+        None if best is None else _lever_for(best[0]))
+
+
+def slower_default(row: GateRow, step_seconds: float) -> Finding | None:
+    """Dispatch picked a backend although another one, also usable, is measurably faster at this shape."""
+    best = _best_alternative(row)
+    if row.default == "math" or best is None or best[1] >= row.seconds["default"] * (1 - FASTER_BACKEND_MARGIN):
+        return None
+    saving = (row.seconds["default"] - best[1]) * row.calls_per_pass
+    return Finding(
+        QUESTION, f"sdpa-slower-default-{row.phase}",
+        f"{row.phase} attention ({describe(row.call)}): default {row.default} "
+        f"{row.seconds['default'] * 1e6:.0f} µs, {best[0]} {best[1] * 1e6:.0f} µs per call",
+        {"call": asdict(row.call), "reasons": row.reasons, "seconds_per_call": row.seconds,
+         "calls_per_pass": row.calls_per_pass},
+        speedup_if_free(min(saving / step_seconds, MAX_SHARE)), None, "estimated",
+        f"pin attention to {best[0]}" + (f" (--levers {_lever_for(best[0])})" if _lever_for(best[0]) else ""),
+        row.phase, _lever_for(best[0]))
+
+
+def sweep_holes(curve: SweepCurve) -> list[dict[str, Any]]:
+    """Row counts where the per-call cost jumps (stall) or exceeds that of a larger row count (non-monotone)."""
+    holes, seconds = [], curve.seconds
+    for i, rows in enumerate(curve.rows):
+        if i and seconds[i] > seconds[i - 1] * STALL_RATIO:
+            holes.append({"rows": rows, "kind": "stall", "ratio": seconds[i] / seconds[i - 1]})
+        later = seconds[i + 1:]
+        if later and seconds[i] > min(later) * (1 + NON_MONOTONE_TOLERANCE):
+            holes.append({"rows": rows, "kind": "non-monotone", "ratio": seconds[i] / min(later)})
+    return holes
+
+
+def sweep_finding(curve: SweepCurve, decode_shares: Mapping[str, float], reliable: bool) -> Finding | None:
+    """One projection shape with a hole in its tuning grid: what verifying at that row count costs extra."""
+    holes = sweep_holes(curve)
+    if not holes:
+        return None
+    worst = max(holes, key=lambda hole: hole["ratio"])
+    share = sum(decode_shares.get(CLASS_OF_LINEAR.get(name, name), 0.0) for name in curve.name.split("/"))
+    return Finding(
+        QUESTION, f"m-sweep-{curve.name}",
+        f"{curve.name} ({curve.k}→{curve.n}): per-call cost {worst['kind']} at M={worst['rows']} "
+        f"({worst['ratio']:.2f}×)",
+        {"curve": curve.to_dict(), "holes": holes, "decode_share": share},
+        speedup(min(share, 1.0), worst["ratio"]), None, "estimated" if reliable else "low",
+        f"avoid M={worst['rows']} in speculative verify (pick k so that k+1 misses the hole) or pad to a fast M",
+        "decode")
+
+
+def copies_finding(phase: str, census: Mapping[str, Any], share: float) -> Finding | None:
+    """Casts and non-contiguous copies that take a measurable share of a phase."""
+    count = census.get("casts", 0) + census.get("strided_copies", 0)
+    if share < COPIES_SHARE_MIN or count == 0:
+        return None
+    return Finding(
+        QUESTION, f"copies-casts-{phase}",
+        f"{census['casts']:.0f} casts and {census['strided_copies']:.0f} non-contiguous copies per "
+        f"{'token' if phase == 'decode' else 'prefill'}: {share:.0%} of {phase}",
+        {"census": dict(census), "share": share},
+        speedup_if_free(min(share, MAX_SHARE)), None, "estimated",
+        "keep activations in the run dtype and contiguous where they are made, or fuse the cast (compile)", phase)
+
+
+def cpu_ops_finding(census: Mapping[str, Any], gpu: bool) -> Finding | None:
+    """Ops that ran on the CPU while the model runs on a GPU (each one a host round trip waiting to happen)."""
+    if not gpu or census.get("cpu_ops", 0) == 0:
+        return None
+    return Finding(
+        QUESTION, "cpu-ops", f"{census['cpu_ops']:.1f} ops per token ran on the CPU",
+        {"sites": census.get("cpu_op_sites", {})}, 1.0, None, "estimated",
+        "create those tensors on the device (or keep host bookkeeping out of the step)", "decode")
+
+
+def analyze(gate_rows: Sequence[GateRow], curves: Sequence[SweepCurve], census: Mapping[str, Mapping[str, Any]],
+            shares: Mapping[str, Mapping[str, float]], step_seconds: Mapping[str, float], gpu: bool
+            ) -> list[Finding]:
+    """Every Q2 finding: attention gates, M-sweep holes, copies/casts and CPU ops."""
+    found: list[Finding | None] = []
+    for row in gate_rows:
+        found += [math_fallback(row, step_seconds[row.phase]), slower_default(row, step_seconds[row.phase])]
+    found += [sweep_finding(curve, shares["decode"], gpu) for curve in curves]
+    found += [copies_finding(phase, census[phase], shares[phase].get("copies/casts", 0.0)) for phase in census]
+    found.append(cpu_ops_finding(census.get("decode", {}), gpu))
+    return [f for f in found if f is not None]

@@ -1,0 +1,82 @@
+"""Question 3 — can I cut dispatch/sync overhead? Launches and syncs per decode token (with call sites),
+host versus device time per step, and the measured effect of the dispatch levers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from kerneltriage.triage.amdahl import speedup_if_free
+from kerneltriage.triage.breakdown import Breakdown
+from kerneltriage.triage.finding import Finding
+from kerneltriage.triage.measure import LeverGain
+
+QUESTION = "dispatch"
+GAP_SHARE_MIN = 0.10  # a host/dispatch gap below this share of a decode step is not worth a finding
+SYNCS_PER_TOKEN_FLOOR = 1.0  # streaming needs one readback per token; more than that is a planted wait
+SYNC_TOLERANCE = 0.05  # per-token counts are averages over the profiled window
+MAX_SHARE = 0.999
+VALID_VERDICTS = ("win", "loss", "neutral")
+
+
+def dispatch_gap(decode: Breakdown, gpu: bool) -> Finding | None:
+    """The device idles while the host issues the step: kernels per token, host vs device time."""
+    gap = decode.gap_share
+    if gap < GAP_SHARE_MIN:
+        return None
+    device = "GPU" if gpu else "CPU (op time)"
+    bound = "decode is dispatch-bound: " if decode.dispatch_bound else ""
+    return Finding(
+        QUESTION, "dispatch-gap",
+        f"{bound}the {device} is idle {gap:.0%} of each decode step "
+        f"({decode.kernels_per_token:.0f} kernels, {decode.launches_per_token:.0f} launches per token)",
+        {"gap_share": gap, "step_seconds": decode.step_seconds, "device_seconds": decode.device_seconds,
+         "host_seconds": decode.host_seconds, "kernels_per_token": decode.kernels_per_token,
+         "launches_per_token": decode.launches_per_token,
+         "graph_launches_per_token": decode.graph_launches_per_token},
+        speedup_if_free(min(gap, MAX_SHARE)), None, "ceiling",
+        "capture the decode step in CUDA graphs (--levers graphs) or compile it" if gpu
+        else "less Python per step: compile the step (torch.compile) or batch more work per op",
+        "decode", "graphs" if gpu else None)
+
+
+def syncs_per_token(decode: Breakdown, census: Mapping[str, Any], gpu: bool) -> tuple[float, str]:
+    """(syncs per token, what was counted): CUDA runtime sync calls on a GPU, host readbacks on the CPU."""
+    if gpu:
+        return decode.sync_calls_per_token, "CUDA runtime synchronizing calls"
+    return float(census.get("readbacks", 0.0)), "host readbacks (each would be a sync on a GPU)"
+
+
+def extra_syncs(decode: Breakdown, census: Mapping[str, Any], gpu: bool, one_sync: LeverGain | None = None
+                ) -> Finding | None:
+    """More host↔device syncs per token than the one a streaming loop needs, with their call sites."""
+    count, what = syncs_per_token(decode, census, gpu)
+    if count <= SYNCS_PER_TOKEN_FLOOR + SYNC_TOLERANCE:
+        return None
+    measured = one_sync.gain if one_sync is not None and one_sync.verdict in VALID_VERDICTS else None
+    return Finding(
+        QUESTION, "extra-syncs", f"{count:.1f} host↔device syncs per decode token (one is enough)",
+        {"syncs_per_token": count, "counted": what, "readback_sites": census.get("readback_sites", {})},
+        1.0, measured, "measured" if measured is not None else "estimated",
+        "read the token once per step and queue the next step before reading it (--levers one_sync); "
+        "remove the other readbacks at the sites listed", "decode", "one_sync")
+
+
+def lever_finding(gain: LeverGain, decode: Breakdown) -> Finding:
+    """One dispatch lever's A/B on decode, as measured (or why the measurement is invalid)."""
+    valid = gain.verdict in VALID_VERDICTS
+    ceiling = speedup_if_free(min(decode.gap_share, MAX_SHARE))
+    title = (f"--levers {gain.lever}: {gain.phase} {gain.gain:.2f}× on {gain.test} ({gain.verdict})" if valid
+             else f"--levers {gain.lever}: invalid A/B (ran: {gain.ran}, same tokens: {gain.same_tokens})")
+    return Finding(
+        QUESTION, f"lever-{gain.lever}", title, {"ab": gain.to_dict()},
+        ceiling if gain.lever == "graphs" else 1.0, gain.gain if valid else None,
+        "measured" if valid else "estimated", f"--levers {gain.lever}", gain.phase, gain.lever)
+
+
+def analyze(decode: Breakdown, census: Mapping[str, Any], gains: Mapping[str, LeverGain], gpu: bool
+            ) -> list[Finding]:
+    """Every Q3 finding: the dispatch gap, extra syncs, and each measured dispatch lever."""
+    found = [dispatch_gap(decode, gpu), extra_syncs(decode, census, gpu, gains.get("one_sync"))]
+    found += [lever_finding(gain, decode) for gain in gains.values()]
+    return [f for f in found if f is not None]

@@ -1,0 +1,141 @@
+"""The triage report: every stage's numbers, the findings, their ranking, one line per question, JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from kerneltriage.core.units import format_duration, format_sig
+from kerneltriage.triage import amdahl
+from kerneltriage.triage.breakdown import Breakdown
+from kerneltriage.triage.finding import Finding
+
+RECOMMEND_MIN_GAIN = 1.02  # below a 2% end-to-end gain a change is not worth recommending
+QUESTIONS = ("delete", "fast-path", "dispatch")
+QUESTION_TITLES = {"delete": "Q1 can I delete work?", "fast-path": "Q2 can I unlock a fast path?",
+                   "dispatch": "Q3 can I cut dispatch/sync overhead?"}
+NOTHING = {"delete": "nothing measurable to delete", "fast-path": "no missed fast path found",
+           "dispatch": "dispatch and syncs do not limit this workload"}
+DEVICE_BOUND_GAP = 0.2  # the device idles at most this share of a step: its own roofline limits it
+CONFIDENCE_RANK = {"measured": 0, "estimated": 1, "ceiling": 2, "low": 3}
+
+
+def _recommendable(finding: Finding) -> bool:
+    ab = finding.evidence.get("ab") or {}
+    if finding.measured_gain is not None and ab.get("verdict", "win") != "win":
+        return False  # measured and not a win: noise, a loss, or invalid
+    return (finding.question in QUESTIONS and finding.confidence != "low"
+            and finding.gain >= RECOMMEND_MIN_GAIN)
+
+
+def rank(findings: list[Finding]) -> list[Finding]:
+    """Recommendable findings, measured before estimated before ceilings, larger gains first; one per lever."""
+    ordered = sorted(filter(_recommendable, findings), key=lambda f: (CONFIDENCE_RANK[f.confidence], -f.gain))
+    seen, ranked = set(), []
+    for finding in ordered:
+        if finding.lever is None or finding.lever not in seen:
+            ranked.append(finding)
+            seen.add(finding.lever)
+    return ranked
+
+
+def gain_text(finding: Finding) -> str:
+    """'6.20× decode (measured)'."""
+    return f"{format_sig(finding.gain)}× {finding.phase} ({finding.confidence})"
+
+
+def jsonable(value: Any) -> Any:
+    """JSON-safe: tuples as lists, inf/nan as None (the ledger refuses non-finite numbers)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value
+
+
+@dataclass
+class Report:
+    """What triage found, stage by stage (`to_dict` / `to_json` for machines)."""
+
+    config: dict[str, Any]
+    setup: dict[str, Any]
+    breakdown: dict[str, Breakdown]
+    findings: list[Finding]
+    gates: list[dict[str, Any]] = field(default_factory=list)
+    sweep: list[dict[str, Any]] = field(default_factory=list)
+    census: dict[str, Any] = field(default_factory=dict)
+    levers: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    experiment_id: int | None = None
+
+    def outlook(self) -> dict[str, list[amdahl.Outlook]]:
+        """The custom-kernel outlook per phase: every op class's Amdahl ceilings beside the prior."""
+        return {phase: amdahl.outlook(b.op_shares) for phase, b in self.breakdown.items()}
+
+    def recommendations(self) -> list[Finding]:
+        return rank(self.findings)
+
+    def by_question(self, question: str) -> list[Finding]:
+        return sorted((f for f in self.findings if f.question == question),
+                      key=lambda f: (CONFIDENCE_RANK[f.confidence], -f.gain))
+
+    def answers(self) -> dict[str, str]:
+        """One line per question: its best recommendable finding, or that there is none."""
+        best = {f.question: f for f in reversed(self.recommendations())}
+        answers = {}
+        for q in QUESTIONS:
+            found = [f for f in self.by_question(q) if f.confidence != "low"]
+            if q in best:
+                answers[q] = f"yes — {best[q].title} ({gain_text(best[q])})"
+            elif found:
+                answers[q] = f"nothing above the noise — closest: {found[0].title} ({gain_text(found[0])})"
+            else:
+                answers[q] = f"no — {NOTHING[q]}"
+        return answers
+
+    def regime(self) -> str:
+        """What limits decode: the host (dispatch-bound) or the roofline, with its %."""
+        decode, numbers = self.breakdown["decode"], self.setup["decode"]
+        measured = format_duration(numbers["seconds_per_pass"])
+        idle = f"the device is idle {decode.gap_share:.0%} of each step"
+        if decode.dispatch_bound:
+            return (f"decode is dispatch-bound: {idle} ({measured}/token measured, "
+                    f"{format_duration(decode.device_seconds)} of device work)")
+        kind = "bandwidth" if numbers["bound"] == "memory" else "compute"
+        roof = (f"{format_sig(numbers['roofline_pct'])}% of roofline (floor "
+                f"{format_duration(numbers['floor_seconds_per_pass'])}/token, measured {measured}/token)")
+        if decode.gap_share <= DEVICE_BOUND_GAP:
+            return f"decode is {kind}-bound: {roof}"
+        return f"decode is partly dispatch-bound ({idle}), {kind} floor: {roof}"
+
+    def headlines(self) -> list[str]:
+        """The lines worth quoting: setup, regime, top recommendation, one per question."""
+        pre, dec = self.setup["prefill"], self.setup["decode"]
+        lines = [f"{self.config['model']} on {self.setup['device']} ({self.setup['dtype']}): "
+                 f"prefill {format_sig(pre['rate'])} tok/s ({format_sig(pre['roofline_pct'])}% of roofline), "
+                 f"decode {format_sig(dec['rate'])} tok/s ({format_sig(dec['roofline_pct'])}% of roofline)",
+                 self.regime()]
+        top = self.recommendations()
+        lines.append(f"top lever: {top[0].title} → {top[0].fix} ({gain_text(top[0])})" if top
+                     else "top lever: none above the noise")
+        lines += [f"{QUESTION_TITLES[q]} {line}" for q, line in self.answers().items()]
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable({
+            "config": self.config, "setup": self.setup, "headlines": self.headlines(), "answers": self.answers(),
+            "breakdown": {phase: b.to_dict() for phase, b in self.breakdown.items()},
+            "findings": [f.to_dict() for f in self.findings],
+            "recommendations": [f.code for f in self.recommendations()],
+            "outlook": {phase: [o.to_dict() for o in rows] for phase, rows in self.outlook().items()},
+            "gates": self.gates, "sweep": self.sweep, "census": self.census, "levers": self.levers,
+            "notes": self.notes, "stage_seconds": self.stage_seconds, "experiment_id": self.experiment_id,
+        })
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"

@@ -1,0 +1,136 @@
+"""The triage report as terminal sections (rich renderables), in stage order, ending with the headlines."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from rich.console import RenderableType
+from rich.rule import Rule
+from rich.table import Table
+
+from kerneltriage.core.units import format_bandwidth, format_bytes, format_duration, format_flops, format_sig
+from kerneltriage.triage.report import QUESTION_TITLES, Report, gain_text
+
+OUTLOOK_ROWS = 6  # op classes shown per phase in the outlook
+REASON_CHARS = 90  # a refused backend's first reason, cut to this length
+
+
+def _pct(share: float) -> str:
+    return f"{share:.1%}"
+
+
+def _phase_line(name: str, numbers: dict[str, Any], unit: str) -> str:
+    return (f"{name} {numbers['test']}: {format_sig(numbers['rate'])} tok/s, "
+            f"{format_duration(numbers['seconds_per_pass'])}{unit} measured vs floor "
+            f"{format_duration(numbers['floor_seconds_per_pass'])}{unit} ({numbers['bound']}-bound) → "
+            f"{format_sig(numbers['roofline_pct'])}% of roofline")
+
+
+def _setup(report: Report) -> Iterable[RenderableType]:
+    s, c = report.setup, report.setup["ceilings"]
+    yield Rule("0 setup")
+    yield (f"{report.config['model']} ({report.config['source']}) on {s['device']}, {s['dtype']}, "
+           f"levers: {', '.join(report.config['levers']) or 'none'}")
+    yield (f"ceilings ({c['source']}): copy {format_bandwidth(c['bandwidth'])}, matmul {format_flops(c['matmul_flops'])}; "
+           f"model {format_sig(s['model']['params'] / 1e6)} M params, "
+           f"{format_bytes(s['model']['weight_bytes_per_token'])} of weights read per token")
+    yield _phase_line("prefill", s["prefill"], "")
+    yield _phase_line("decode", s["decode"], "/token")
+
+
+def _where(report: Report) -> Iterable[RenderableType]:
+    yield Rule("1 where time goes (share of the measured step; device time from the profiler)")
+    pre, dec = report.breakdown["prefill"], report.breakdown["decode"]
+    table = Table("op class", "prefill", "decode", "decode per token")
+    for name in dict.fromkeys([*dec.shares, *pre.shares]):
+        seconds = dec.class_seconds.get(name)
+        table.add_row(name, _pct(pre.shares.get(name, 0.0)), _pct(dec.shares.get(name, 0.0)),
+                      "—" if seconds is None else format_duration(seconds))
+    yield table
+    host = "—" if dec.host_seconds is None else format_duration(dec.host_seconds)
+    yield (f"decode step: {format_duration(dec.step_seconds)} measured, device busy {format_duration(dec.device_seconds)} "
+           f"(idle {_pct(dec.gap_share)}), host issue {host}; per token {dec.kernels_per_token:.0f} kernels, "
+           f"{dec.launches_per_token:.0f} launches, {dec.sync_calls_per_token:.1f} runtime syncs")
+
+
+def _findings(report: Report, question: str) -> Iterable[RenderableType]:
+    found = report.by_question(question)
+    for f in found:
+        measured = "" if f.measured_gain is None else f", estimated {format_sig(f.estimated_gain)}×"
+        yield f"• {f.title} — {gain_text(f)}{measured}\n    fix: {f.fix}"
+    if not found:
+        yield "• silent: no detector fired"
+
+
+def _gates_table(report: Report) -> Table:
+    table = Table("phase", "call", "default", "flash", "efficient", "cudnn", "per call")
+    for row in report.gates:
+        call = row["call"]
+        cells = [("yes" if row["usable"].get(b) else ((row["reasons"].get(b) or ["no"])[0][:REASON_CHARS]))
+                 if row["usable"] else "—" for b in ("flash", "efficient", "cudnn")]
+        times = ", ".join(f"{name} {format_duration(s)}" for name, s in row["seconds"].items()) or "not timed (cpu)"
+        table.add_row(row["phase"], f"q{list(call['q'])} k{list(call['k'])} ×{row['calls_per_pass']:g}",
+                      row["default"], *cells, times)
+    return table
+
+
+def _sweep_table(report: Report) -> Table:
+    table = Table("projection", "K→N", "weights", "M", "per call (min–max)", "holes")
+    for curve in report.sweep:
+        table.add_row(curve["name"], f"{curve['k']}→{curve['n']}", str(curve["weights"]),
+                      f"{curve['rows'][0]}…{curve['rows'][-1]}",
+                      f"{format_duration(min(curve['seconds']))}–{format_duration(max(curve['seconds']))}",
+                      ", ".join(f"{h['kind']} @ M={h['rows']} ({h['ratio']:.2f}×)" for h in curve["holes"]) or "none")
+    return table
+
+
+def _fastpath(report: Report) -> Iterable[RenderableType]:
+    yield Rule(f"3 {QUESTION_TITLES['fast-path']}")
+    yield _gates_table(report)
+    yield _sweep_table(report)
+    for phase, census in report.census.items():
+        yield (f"{phase} op census per {'token' if phase == 'decode' else 'prefill'}: {census['casts']:.1f} casts, "
+               f"{census['strided_copies']:.1f} non-contiguous copies, {census['cpu_ops']:.1f} CPU ops")
+    yield from _findings(report, "fast-path")
+
+
+def _dispatch(report: Report) -> Iterable[RenderableType]:
+    yield Rule(f"4 {QUESTION_TITLES['dispatch']}")
+    table = Table("lever", "test", "A median", "B median", "gain [95% CI]", "verdict", "ran", "same tokens")
+    for name, gain in report.levers.items():
+        a, b = sorted(gain["baseline"]), sorted(gain["candidate"])
+        table.add_row(name, gain["test"], format_duration(a[len(a) // 2]), format_duration(b[len(b) // 2]),
+                      f"{gain['gain']:.3f}× [{gain['low']:.3f}, {gain['high']:.3f}]", gain["verdict"],
+                      str(gain["ran"]), str(gain["same_tokens"]))
+    yield table
+    sites = report.census.get("decode", {}).get("readback_sites", {})
+    yield "readbacks per token: " + (", ".join(f"{site} ×{n:g}" for site, n in sites.items()) or "none")
+    yield from _findings(report, "dispatch")
+
+
+def _outlook(report: Report) -> Iterable[RenderableType]:
+    yield Rule("5 custom-kernel outlook (Amdahl; hand kernels come back at 0.5–0.8× of stock)")
+    table = Table("phase", "op class", "share", "if free", "if 2× faster", "at the prior")
+    for phase, rows in report.outlook().items():
+        for row in rows[:OUTLOOK_ROWS]:
+            table.add_row(phase, row.op, _pct(row.share), f"{row.if_free:.3f}×", f"{row.if_2x:.3f}×",
+                          f"{row.prior_low:.3f}–{row.prior_high:.3f}×")
+    yield table
+
+
+def _recommendations(report: Report) -> Iterable[RenderableType]:
+    yield Rule("6 recommendations")
+    ranked = report.recommendations()
+    for i, f in enumerate(ranked, start=1):
+        yield f"{i}. {f.fix} — {gain_text(f)}: {f.title}"
+    if not ranked:
+        yield "no change gains more than the noise here"
+    yield from (f"note: {note}" for note in report.notes)
+    yield Rule("headlines")
+    yield from report.headlines()
+
+
+def sections(report: Report) -> list[RenderableType]:
+    """Every section in stage order."""
+    return [*_setup(report), *_where(report), Rule(f"2 {QUESTION_TITLES['delete']}"), *_findings(report, "delete"),
+            *_fastpath(report), *_dispatch(report), *_outlook(report), *_recommendations(report)]

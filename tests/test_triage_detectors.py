@@ -1,0 +1,217 @@
+"""Triage detectors on tiny CPU models: each fires on a planted case and stays silent on a clean one."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_runner
+from kerneltriage.backends.torch import census, gates, profile
+from kerneltriage.backends.torch.accelerate import apply_levers
+from kerneltriage.backends.torch.msweep import SweepCurve
+from kerneltriage.backends.torch.runner import decode_loop
+from kerneltriage.backends.torch.sparsity import Sparsity, attention_sparsity
+from kerneltriage.triage import amdahl, q1_delete, q2_fastpath, q3_dispatch
+from kerneltriage.triage.breakdown import GAP_CLASS, Breakdown
+from kerneltriage.triage.finding import Finding
+from kerneltriage.triage.report import rank
+
+PROMPT = list(range(1, 17))
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: on a shared 2-core machine a parallel region can wait ~30 ms for a worker."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_amdahl_arithmetic() -> None:
+    assert amdahl.speedup(0.5, 2.0) == pytest.approx(4 / 3)
+    assert amdahl.speedup_if_free(0.25) == pytest.approx(4 / 3)
+    assert amdahl.speedup(0.03, 1.3) == pytest.approx(1.0070, abs=1e-4)  # "Amdahl eats kernels"
+    assert amdahl.speedup(1.0, math.inf) == math.inf and amdahl.speedup(0.0, 10.0) == 1.0
+    rows = amdahl.outlook({"attention": 0.1, "down_proj": 0.4})
+    assert [r.op for r in rows] == ["down_proj", "attention"]
+    top = rows[0]
+    assert top.if_free == pytest.approx(1 / 0.6) and top.if_2x == pytest.approx(1 / 0.8)
+    assert top.prior_low == pytest.approx(1 / (0.6 + 0.4 / 0.5)) and top.prior_high < 1  # the prior: a loss
+    with pytest.raises(ValueError):
+        amdahl.speedup(1.5, 2.0)
+
+
+def test_finding_validates() -> None:
+    with pytest.raises(ValueError, match="question"):
+        Finding("speed", "x", "t", {}, 1.1, None, "estimated", "fix")
+    with pytest.raises(ValueError, match="measured_gain"):
+        Finding("delete", "x", "t", {}, 1.1, -1.0, "measured", "fix")
+    assert Finding("delete", "x", "t", {"a": 1}, 1.1, 1.3, "measured", "fix").to_dict()["evidence"] == {"a": 1}
+
+
+def test_all_position_logits_fires_on_stock_prefill_and_not_with_last_logits() -> None:
+    runner = tiny_runner("llama")
+    planted = profile.profile_prefill(runner, [], PROMPT)
+    assert planted.output_rows == (len(PROMPT),)
+    assert {"q_proj", "attention", "output projection", "norms", "rope", "kv cache"} <= set(planted.class_seconds)
+    finding = q1_delete.all_position_logits(planted.output_rows, 0.2)
+    assert finding is not None and finding.lever == "last_logits" and finding.phase == "prefill"
+    assert finding.estimated_gain == pytest.approx(1 / (1 - 0.2 * (1 - 1 / len(PROMPT))))
+    clean = profile.profile_prefill(apply_levers(tiny_runner("llama"), ("last_logits",)), [], PROMPT)
+    assert clean.output_rows == (1,) and q1_delete.all_position_logits(clean.output_rows, 0.2) is None
+
+
+def _masked_attention(window: int | None):
+    """A planted attention function: an explicit mask (causal, or sliding-window) instead of is_causal."""
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos) -> torch.Tensor:  # noqa: ANN001
+        length, keys = q.shape[2], k.shape[2]
+        mask = torch.ones(length, keys, dtype=torch.bool).tril(keys - length)  # (T, S)
+        if window is not None:
+            mask &= ~torch.ones(length, keys, dtype=torch.bool).tril(keys - length - window)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    return attention
+
+
+@pytest.mark.parametrize("window, fires", [(None, True), (4, False)])
+def test_explicit_causal_mask_detector(window: int | None, fires: bool) -> None:
+    runner = tiny_runner("qwen2")
+    with torch.inference_mode(), gates.record_sdpa_calls() as clean_calls:
+        runner.reset_cache(len(PROMPT))
+        runner.prefill(runner.model, torch.tensor([PROMPT]), 0)
+    assert clean_calls and q1_delete.explicit_causal_masks(clean_calls, 0.3) is None
+    runner.model.attention = _masked_attention(window)
+    with torch.inference_mode(), gates.record_sdpa_calls() as planted:
+        runner.reset_cache(len(PROMPT))
+        runner.prefill(runner.model, torch.tensor([PROMPT]), 0)
+    finding = q1_delete.explicit_causal_masks(planted, 0.3)
+    assert (finding is not None) == fires
+    if fires:
+        assert finding.evidence["calls"] == runner.config.num_layers
+        assert finding.estimated_gain == pytest.approx(amdahl.speedup(0.3, 2.0))
+
+
+def test_padding_detector() -> None:
+    pad = 0
+    finding = q1_delete.padding_work([pad] * 4 + PROMPT + [pad] * 2, pad)
+    assert finding is not None and finding.evidence["leading"] == 4 and finding.evidence["trailing"] == 2
+    assert finding.estimated_gain == pytest.approx(1 / (1 - 6 / 22))
+    assert q1_delete.padding_work(PROMPT, pad) is None  # a pad id inside the text is not padding
+    assert q1_delete.padding_work([5, pad, 6], pad) is None and q1_delete.padding_work(PROMPT, None) is None
+
+
+def test_vocabulary_ceiling_and_sparse_v() -> None:
+    assert q1_delete.output_projection_decode(0.01) is None
+    assert q1_delete.output_projection_decode(0.25).estimated_gain == pytest.approx(4 / 3)
+    assert q1_delete.sparse_v(None, 0.5) is None
+    assert q1_delete.sparse_v(Sparsity(100, 1e-6, 0.1, (0.1,)), 0.5) is None
+    dense = q1_delete.sparse_v(Sparsity(100, 1e-6, 0.8, (0.8,)), 0.5)
+    assert dense is not None and dense.evidence["deletable_share"] == pytest.approx(0.5 * 0.5 * 0.8)
+    measured = attention_sparsity(tiny_runner("qwen3"), PROMPT)
+    assert len(measured.per_layer) == 2 and 0.0 <= measured.fraction <= 1.0 and measured.depth == len(PROMPT)
+
+
+def _planted_sync_loop(runner, logits, start, count, params, generator) -> Iterator[int]:  # noqa: ANN001
+    """The stock loop plus one readback per token (a planted sync)."""
+    for token in decode_loop(runner, logits, start, count, params, generator):
+        runner.model.cache.keys.sum().item()
+        yield token
+
+
+def _decode_breakdown(syncs: float = 0.0) -> Breakdown:
+    return Breakdown("decode", 1e-3, {"q_proj": 4e-4}, None, sync_calls_per_token=syncs)
+
+
+def test_a_planted_sync_raises_syncs_per_token() -> None:
+    runner = tiny_runner("llama")
+    clean = census.census_decode(runner, [1, 2], 4).per(4)
+    assert clean["readbacks"] == 1 and "runner.py" in next(iter(clean["readback_sites"]))
+    assert q3_dispatch.extra_syncs(_decode_breakdown(), clean, gpu=False) is None
+    runner.decode_loop = _planted_sync_loop
+    planted = census.census_decode(runner, [1, 2], 4).per(4)
+    assert planted["readbacks"] == 2
+    finding = q3_dispatch.extra_syncs(_decode_breakdown(), planted, gpu=False)
+    assert finding is not None and any("test_triage_detectors.py" in s for s in finding.evidence["readback_sites"])
+    assert q3_dispatch.extra_syncs(_decode_breakdown(2.0), clean, gpu=True) is not None  # GPU: runtime calls
+
+
+def _fake_probe(ok: bool, why: str):
+    def can_use(params, debug: bool = False) -> bool:  # noqa: ANN001
+        if not ok and debug:
+            warnings.warn(why)
+        return ok
+    return can_use
+
+
+def test_math_fallback_from_a_faked_capability_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    call = gates.SdpaCall((1, 8, 1, 320), (1, 2, 64, 320), "float32", None, False, True)
+    inputs = gates._inputs(call, torch.device("cpu"))
+    for _, _, name in gates.FUSED:
+        monkeypatch.setattr(torch.backends.cuda, name, _fake_probe(False, f"{name}: head_dim 320 unsupported"))
+    usable, reasons, _ = gates.probe_backends(call, inputs)
+    assert not any(usable.values()) and reasons["flash"] == ["can_use_flash_attention: head_dim 320 unsupported"]
+    row = gates.GateRow("decode", call, 16.0, "math", usable, reasons,
+                        {"default": 1e-4, "math": 1e-4, "efficient+expand_kv": 2e-5})
+    finding = q2_fastpath.math_fallback(row, step_seconds=4e-3)
+    assert finding is not None and finding.evidence["reasons"]["flash"] == reasons["flash"]
+    assert finding.estimated_gain == pytest.approx(1 / (1 - 16 * 8e-5 / 4e-3))
+    for _, _, name in gates.FUSED:
+        monkeypatch.setattr(torch.backends.cuda, name, _fake_probe(True, ""))
+    usable, reasons, _ = gates.probe_backends(call, inputs)
+    clean = gates.GateRow("decode", call, 16.0, "flash", usable, reasons, {"default": 2e-5, "math": 1e-4, "flash": 2e-5})
+    assert all(usable.values()) and not reasons
+    assert q2_fastpath.math_fallback(clean, 4e-3) is None and q2_fastpath.slower_default(clean, 4e-3) is None
+
+
+def test_slower_default_backend() -> None:
+    call = gates.SdpaCall((1, 32, 1, 64), (1, 8, 4096, 64), "bfloat16", None, False, True)
+    row = gates.GateRow("decode", call, 30.0, "efficient", {"flash": True}, {},
+                        {"default": 71e-6, "math": 400e-6, "flash": 43e-6, "efficient": 71e-6})
+    finding = q2_fastpath.slower_default(row, 10e-3)
+    assert finding is not None and finding.lever == "sdpa_backend=flash"
+
+
+def _curve(seconds: tuple[float, ...]) -> SweepCurve:
+    return SweepCurve("gate_proj/up_proj", 576, 1536, 30, tuple(range(1, len(seconds) + 1)), seconds, "cuda events")
+
+
+def test_m_sweep_stall_and_non_monotone_from_fake_tables() -> None:
+    flat = _curve((10e-6, 10.2e-6, 10.1e-6, 10.3e-6, 10.4e-6))
+    assert q2_fastpath.sweep_holes(flat) == [] and q2_fastpath.sweep_finding(flat, {}, True) is None
+    stall = _curve((10e-6, 10e-6, 25e-6, 25e-6, 26e-6))
+    assert [h["kind"] for h in q2_fastpath.sweep_holes(stall)] == ["stall"]
+    bump = _curve((10e-6, 10e-6, 14e-6, 10e-6, 10e-6))
+    kinds = {h["kind"] for h in q2_fastpath.sweep_holes(bump)}
+    assert kinds == {"non-monotone"}
+    finding = q2_fastpath.sweep_finding(stall, {"gate_proj": 0.1, "up_proj": 0.1}, reliable=False)
+    assert finding is not None and finding.confidence == "low" and finding.evidence["decode_share"] == 0.2
+
+
+def test_breakdown_shares_and_ranking() -> None:
+    b = Breakdown("decode", 10e-3, {"attention": 1e-3, "q_proj": 2e-3}, 8e-3)
+    assert sum(b.shares.values()) == pytest.approx(1.0) and b.shares[GAP_CLASS] == pytest.approx(0.7)
+    assert b.dispatch_bound and list(b.op_shares) == ["q_proj", "attention"]
+    ceiling = Finding("dispatch", "gap", "t", {}, 3.0, None, "ceiling", "f", lever="graphs")
+    measured = Finding("dispatch", "lever-graphs", "t", {"ab": {"verdict": "win"}}, 3.0, 2.0, "measured", "f",
+                       lever="graphs")
+    loss = Finding("dispatch", "lever-x", "t", {"ab": {"verdict": "loss"}}, 1.0, 0.9, "measured", "f", lever="x")
+    assert [f.code for f in rank([ceiling, loss, measured])] == ["lever-graphs"]  # one per lever, losses out
+
+
+def test_copies_cpu_ops_and_dispatch_gap_detectors() -> None:
+    census_counts = {"casts": 30.0, "strided_copies": 2.0, "cpu_ops": 3.0, "cpu_op_sites": {"aten::arange @ x": 3.0}}
+    assert q2_fastpath.copies_finding("decode", census_counts, 0.08).estimated_gain == pytest.approx(1 / 0.92)
+    assert q2_fastpath.copies_finding("decode", census_counts, 0.001) is None
+    assert q2_fastpath.copies_finding("decode", census_counts | {"casts": 0.0, "strided_copies": 0.0}, 0.08) is None
+    assert q2_fastpath.cpu_ops_finding(census_counts, gpu=True).evidence["sites"] == {"aten::arange @ x": 3.0}
+    assert q2_fastpath.cpu_ops_finding(census_counts, gpu=False) is None
+    idle = Breakdown("decode", 10e-3, {"attention": 1e-3}, 9e-3, kernels_per_token=900, launches_per_token=900)
+    busy = Breakdown("decode", 10e-3, {"attention": 9.8e-3}, 1e-3)
+    finding = q3_dispatch.dispatch_gap(idle, gpu=True)
+    assert finding is not None and finding.lever == "graphs" and "dispatch-bound" in finding.title
+    assert q3_dispatch.dispatch_gap(busy, gpu=True) is None
