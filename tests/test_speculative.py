@@ -1,0 +1,294 @@
+"""Speculative decoding: greedy output equals plain greedy for every draft source, rejection sampling reproduces
+the target distribution, the caches roll back, the depth controller adapts (parsing: test_spec_parse.py)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ARCHS, tiny_runner
+from kerneltriage.backends.torch.generate import generate_step
+from kerneltriage.backends.torch.speculative import (ModelDrafter, SelfDrafter, install_speculation,
+                                                     rejection_accept)
+from kerneltriage.core.errors import InputError
+from kerneltriage.engine.sampling import SamplingParams
+from kerneltriage.engine.speculative import DepthController, NgramIndex, SpecConfig, parse_spec
+
+GREEDY = SamplingParams()
+PROMPT = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]
+# Chi-square goodness of fit at significance α = 0.001 (seeds are fixed: the outcome is reproducible).
+# Critical values of χ² with df degrees of freedom at α = 0.001 (standard tables; scipy.stats.chi2.isf(0.001, df)).
+CHI2_CRITICAL = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515}
+
+
+def chaotic_runner(arch: str, **changes: object):
+    """A tiny model with large random weights: its greedy text varies (the stock init mostly repeats a token)."""
+    runner = tiny_runner(arch, **changes)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in runner.model.parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.3, generator=generator)
+    return runner
+
+
+def speculate(make, arch: str, source: str, depth: str | None, new: int = 40, params: SamplingParams = GREEDY):
+    """(tokens, decoder) of a speculative run; `draft` drafts with a 1-layer model, `draft-self` with a copy."""
+    runner = make(arch)
+    drafter = {"draft": lambda: ModelDrafter(make(arch, num_layers=1)),
+               "draft-self": lambda: ModelDrafter(make(arch))}.get(source, lambda: None)()
+    spec = SpecConfig("draft", draft_model="test", depth=None if depth == "auto" else int(depth)) if drafter \
+        else parse_spec(source, depth)
+    decoder = install_speculation(runner, spec, drafter)
+    return list(generate_step(runner, PROMPT, params, new)), decoder
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("source", ["ngram", "selfdraft:1", "selfdraft:2", "draft", "draft-self"])
+@pytest.mark.parametrize("depth", ["3", "auto"])
+def test_greedy_speculation_equals_plain_greedy(arch: str, source: str, depth: str) -> None:
+    plain = list(generate_step(chaotic_runner(arch), PROMPT, GREEDY, 40))
+    tokens, decoder = speculate(chaotic_runner, arch, source, depth)
+    assert tokens == plain
+    stats = decoder.stats
+    if depth == "3" and source in ("selfdraft:2", "draft-self"):  # the drafter is the target itself
+        assert stats.acceptance > 0.9 and stats.tokens_per_step > 3.5
+    elif depth == "3":  # a different drafter: rejected drafts were rolled back
+        assert sum(stats.reached) > sum(stats.accepted)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_ngram_accepts_on_repetitive_text(arch: str) -> None:
+    plain = list(generate_step(tiny_runner(arch), PROMPT, GREEDY, 40))  # the stock init repeats itself
+    tokens, decoder = speculate(tiny_runner, arch, "ngram", "4")
+    assert tokens == plain
+    assert decoder.stats.acceptance > 0.3 and decoder.stats.tokens_per_step > 2
+
+
+def test_rejected_drafts_are_trimmed_from_the_cache() -> None:
+    runner = chaotic_runner("llama")
+    plain = list(generate_step(chaotic_runner("llama"), PROMPT, GREEDY, 4))
+    decoder = install_speculation(runner, SpecConfig("ngram", depth=3), drafter=FixedDrafter([plain[1], 0, 0]))
+    prefill(runner)
+    context = PROMPT + plain[:1]
+    emitted = decoder.step(runner, context, 3, GREEDY, None)
+    assert emitted == plain[1:3]  # one draft kept, then the target's own token
+    assert runner.model.cache.length == len(context) - 1 + len(emitted)
+    assert decoder.stats.accepted == [1, 0] and decoder.stats.reached == [1, 1]
+
+
+def prefill(runner) -> None:  # noqa: ANN001
+    runner.reset_cache(64)
+    runner.prefill(runner.model, torch.tensor([PROMPT]), 0)
+
+
+class FixedDrafter:
+    """Proposes the same tokens every step."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = torch.tensor(tokens)
+
+    def reset(self, runner, capacity: int) -> None:  # noqa: ANN001
+        pass
+
+    def draft(self, context, k, params, generator):  # noqa: ANN001, ANN201
+        return self.tokens[:k], None
+
+
+def test_draft_model_cache_rolls_back_after_a_rejection() -> None:
+    drafter = ModelDrafter(chaotic_runner("qwen2"))
+    drafter.reset(drafter.runner, 64)
+    first = drafter.draft(PROMPT, 3, GREEDY, None)[0].tolist()
+    context = PROMPT + [first[0], (first[1] + 1) % 300]  # d1 accepted, d2 replaced by another token
+    again = drafter.draft(context, 3, GREEDY, None)[0].tolist()
+    fresh = ModelDrafter(chaotic_runner("qwen2"))
+    fresh.reset(fresh.runner, 64)
+    assert again == fresh.draft(context, 3, GREEDY, None)[0].tolist()
+    assert drafter.runner.model.cache.length == len(context) + 2  # context, then d1, d2 of the new draft
+
+
+def test_selfdraft_with_every_layer_drafts_the_target_greedy_tokens() -> None:
+    runner = chaotic_runner("qwen3")
+    plain = list(generate_step(chaotic_runner("qwen3"), PROMPT, GREEDY, 5))
+    prefill(runner)
+    drafter = SelfDrafter(runner.model, runner.config.num_layers)
+    drafter.reset(runner, 64)
+    assert drafter.draft(PROMPT + plain[:1], 4, GREEDY, None)[0].tolist() == plain[1:5]
+
+
+def test_sampled_speculation_is_seeded_and_valid() -> None:
+    params = SamplingParams(temperature=0.8, top_k=50, seed=3)
+    first, _ = speculate(chaotic_runner, "qwen2", "draft-self", "3", params=params)
+    second, decoder = speculate(chaotic_runner, "qwen2", "draft-self", "3", params=params)
+    assert first == second and len(first) == 40 and all(0 <= t < 300 for t in first)
+    assert decoder.stats.acceptance > 0.5  # the same distribution on both sides: min(1, p/q) is mostly 1
+
+
+def emitted_tokens(p: torch.Tensor, q: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run rejection_accept on `trials` copies: (emitted tokens (B, k+1), -1 past the end; accepted count)."""
+    generator = torch.Generator().manual_seed(seed)
+    trials, k = p.shape[0], q.shape[1]
+    drafts = torch.multinomial(q.reshape(-1, q.shape[-1]), 1, generator=generator).view(trials, k)
+    n, last = rejection_accept(p, q, drafts, generator)
+    out = torch.cat([drafts, torch.full_like(drafts[:, :1], -1)], dim=1)  # (B, k+1)
+    out[torch.arange(trials), n] = last
+    out[torch.arange(k + 1) > n[:, None]] = -1
+    return out, n
+
+
+def assert_follows(tokens: torch.Tensor, probs: torch.Tensor) -> None:
+    """Chi-square goodness of fit at α = 0.001 over the tokens with positive probability; none outside them."""
+    counts = torch.bincount(tokens, minlength=probs.numel()).double()
+    support = probs > 0
+    assert counts[~support].sum() == 0
+    kept = probs[support].double()
+    expected = kept / kept.sum() * counts.sum()
+    statistic = ((counts[support] - expected) ** 2 / expected).sum().item()
+    assert statistic < CHI2_CRITICAL[int(support.sum()) - 1]
+
+
+@pytest.mark.parametrize("one_hot", [False, True])
+def test_rejection_sampling_reproduces_the_target_distribution(one_hot: bool) -> None:
+    """Every emitted position follows the target's p, whatever q (sampled, or one-hot as for ngram drafts)."""
+    vocab, k, trials = 6, 3, 200_000
+    generator = torch.Generator().manual_seed(11)
+    p = -torch.rand(k + 1, vocab, generator=generator).log()  # normalized below: Dirichlet(1, …, 1) rows
+    p[1, 2] = 0.0  # a token the target's filters exclude; the draft may still propose it
+    p = p / p.sum(-1, keepdim=True)
+    q = torch.rand(k, vocab, generator=generator) ** 3 + 0.01
+    if one_hot:
+        q = torch.nn.functional.one_hot(p[:k].argmax(-1), vocab).float()  # a deterministic draft of the top token
+    q = q / q.sum(-1, keepdim=True)
+    tokens, n = emitted_tokens(p.expand(trials, -1, -1), q.expand(trials, -1, -1), seed=5)
+    for position in range(k + 1):
+        reached = tokens[:, position] >= 0
+        assert reached.sum() > 1000
+        assert_follows(tokens[reached, position], p[position])
+    assert 0 < (n == k).float().mean() < 1
+
+
+def test_the_chi_square_test_detects_the_draft_distribution() -> None:
+    """Power check: accepting every draft (emitting q) fails the same test."""
+    trials = 200_000
+    p = torch.tensor([0.3, 0.25, 0.2, 0.1, 0.1, 0.05])
+    q = torch.tensor([0.2, 0.25, 0.2, 0.15, 0.1, 0.1])
+    draws = torch.multinomial(q, trials, replacement=True, generator=torch.Generator().manual_seed(2))
+    with pytest.raises(AssertionError):
+        assert_follows(draws, p)
+
+
+def drive(controller: DepthController, acceptance: list[float], draft_ms: float, row_ms: float,
+          steps: int = 200, plain_ms: float = 10.0) -> list[int]:
+    """Synthetic costs: plain 10 ms, verify = plain + row_ms per draft; position i accepted with acceptance[i]."""
+    rng, depths = random.Random(0), []
+    for _ in range(steps):
+        k = controller.next_depth()
+        depths.append(k)
+        if not k:
+            controller.observe_plain(plain_ms / 1e3)
+            continue
+        n = 0
+        while n < k and rng.random() < acceptance[min(n, len(acceptance) - 1)]:
+            n += 1
+        controller.observe_verify(k, n, k * draft_ms / 1e3, (plain_ms + k * row_ms) / 1e3)
+    return depths
+
+
+def test_controller_keeps_speculating_when_it_pays() -> None:
+    controller = DepthController(None)
+    depths = drive(controller, [0.95], draft_ms=0.1, row_ms=0.5)
+    assert min(depths[10:]) >= 4 and not any(d.depth == 0 for d in controller.decisions)
+
+
+def test_controller_shrinks_k_when_late_drafts_fail() -> None:
+    controller = DepthController(None)
+    depths = drive(controller, [0.9, 0.9, 0.1, 0.1], draft_ms=2.0, row_ms=0.5)
+    assert depths[-100:].count(2) >= 80 and max(depths[-100:]) <= 3  # k = 3 only as a brief re-probe
+    assert any("k 4→" in d.reason for d in controller.decisions)
+
+
+def test_controller_switches_off_and_retries_with_a_longer_cooldown() -> None:
+    controller = DepthController(None)
+    depths = drive(controller, [0.05], draft_ms=0.1, row_ms=3.0, steps=300)
+    offs = [d for d in controller.decisions if d.depth == 0]
+    assert len(offs) >= 2 and "speculation off for 16 steps" in offs[0].reason
+    assert "off for 32 steps" in offs[1].reason
+    assert depths[-40:].count(0) > 30  # mostly plain decode at the end
+
+
+def test_fixed_depth_is_never_changed() -> None:
+    controller = DepthController(3)
+    assert set(drive(controller, [0.05], draft_ms=1.0, row_ms=3.0)) == {3} and not controller.decisions
+
+
+def test_one_slow_step_does_not_switch_speculation_off() -> None:
+    controller = DepthController(None)
+    drive(controller, [0.95], draft_ms=0.1, row_ms=0.5, steps=20)
+    controller.observe_verify(4, 4, 0.0, 2.0)  # a 2 s hiccup (another process, a page fault)
+    drive(controller, [0.95], draft_ms=0.1, row_ms=0.5, steps=50)
+    assert not any(d.depth == 0 for d in controller.decisions)
+
+
+def test_ngram_index_proposes_the_latest_longest_match() -> None:
+    index = NgramIndex(3)
+    index.extend([1, 2, 3, 9, 2, 3, 4, 5, 7, 2, 3])
+    assert index.propose(2) == [4, 5]  # (2, 3) last followed by 4 (the 3-gram (7, 2, 3) never occurred)
+    index.extend([4, 8])
+    assert index.propose(3) == []
+    cyclic = NgramIndex(2)
+    cyclic.extend([1, 2, 1, 2])
+    assert cyclic.propose(5) == [1, 2, 1, 2, 1]  # the copy runs past the end and continues from itself
+
+
+def test_bad_drafters_are_input_errors() -> None:
+    with pytest.raises(InputError, match="at most the model's 2 layers"):
+        install_speculation(tiny_runner("llama"), parse_spec("selfdraft:3"))
+    with pytest.raises(InputError, match="vocabulary"):  # the preset's 49152-token vocabulary against 300
+        install_speculation(tiny_runner("llama"), parse_spec("draft:smollm2-135m"))
+
+
+def test_a_prefill_replaced_after_installing_is_caught() -> None:
+    runner = tiny_runner("llama")
+    stock_prefill = runner.prefill
+    install_speculation(runner, parse_spec("ngram"))
+    runner.prefill = stock_prefill  # as a lever applied after --spec would
+    with pytest.raises(RuntimeError, match="prompt not recorded"):
+        list(generate_step(runner, PROMPT, GREEDY, 4))
+
+
+REAL_NEW = 48  # new tokens per real-model run: these tests take ~20 s on an idle 2-core CPU
+
+
+@pytest.fixture(scope="module")
+def real_prompt(default_checkpoint) -> list[int]:
+    """A code-editing prompt from the benchmark's repetitive set, in the chat template."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts" / "repetitive.jsonl"
+    row = next(r for r in map(json.loads, path.read_text().splitlines()) if r["id"] == "js-let-to-const")
+    tokenizer = default_checkpoint.tokenizer
+    text = tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}], add_generation_prompt=True)
+    return tokenizer.encode(text, add_special=False)
+
+
+@pytest.fixture(scope="module")
+def real_plain(default_checkpoint, real_prompt) -> list[int]:
+    from kerneltriage.backends.torch.runner import build_runner
+
+    runner = build_runner(default_checkpoint, torch.device("cpu"), torch.float32)
+    return list(generate_step(runner, real_prompt, GREEDY, REAL_NEW))
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("spec, depth, min_acceptance", [("ngram", "4", 0.3), ("selfdraft:20", "auto", 0.0),
+                                                         ("draft:default", "2", 0.9)])
+def test_real_model_greedy_speculation_equals_plain(default_checkpoint, real_prompt, real_plain, spec: str,
+                                                    depth: str, min_acceptance: float) -> None:
+    from kerneltriage.backends.torch.runner import build_runner
+
+    runner = build_runner(default_checkpoint, torch.device("cpu"), torch.float32)
+    decoder = install_speculation(runner, parse_spec(spec, depth))
+    assert list(generate_step(runner, real_prompt, GREEDY, REAL_NEW)) == real_plain
+    assert decoder.stats.verify_steps >= 4 and decoder.stats.acceptance >= min_acceptance
