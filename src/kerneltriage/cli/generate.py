@@ -24,6 +24,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto | cuda | cuda:N | cpu (default: auto = cuda if visible)")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, float32 on cpu) | float32 | bf16 | fp16")
     parser.add_argument("--levers", default="", help="comma-separated levers to switch on, e.g. last_logits")
+    parser.add_argument("--spec", default=None, help="speculative decoding: ngram[:N] | selfdraft[:L] | draft:MODEL")
+    parser.add_argument("--spec-depth", default=None, help="draft tokens per step: 1..16 or auto (default: auto)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -63,21 +65,29 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     sys.stdout.write("\n")
     print(summary_line(runner, last), file=sys.stderr)
+    for line in spec_summary(runner):
+        print(line, file=sys.stderr)
     return 0
 
 
-def build_runner_from_args(checkpoint, args: argparse.Namespace):  # noqa: ANN001, ANN201 - torch types, lazily
-    """Device, dtype and levers from the flags; load the weights there; say how long that took."""
+def build_runner_from_args(checkpoint, args: argparse.Namespace, speculate: bool = True):  # noqa: ANN001, ANN201
+    """Device, dtype, levers and speculation from the flags; load the weights there; say how long that took."""
     from kerneltriage.backends.torch.accelerate import apply_levers
     from kerneltriage.backends.torch.device import resolve_device, resolve_dtype
     from kerneltriage.backends.torch.runner import build_runner
     from kerneltriage.engine.levers import parse_levers
+    from kerneltriage.engine.speculative import parse_spec
 
     levers = parse_levers(args.levers)
+    spec = parse_spec(args.spec, args.spec_depth) if speculate else None
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     started = time.perf_counter()
     runner = apply_levers(build_runner(checkpoint, device, dtype), levers)
+    if spec is not None:  # after the levers: speculation wraps whatever prefill they installed
+        from kerneltriage.backends.torch.speculative import install_speculation
+
+        install_speculation(runner, spec)
     note = " — RANDOM WEIGHTS: speed only, the text is noise" if checkpoint.config.random_weights else ""
     print(f"loaded {checkpoint.source} on {device} ({str(dtype).removeprefix('torch.')}) "
           f"in {time.perf_counter() - started:.1f} s{note}", file=sys.stderr)
@@ -96,6 +106,19 @@ def encode_prompt(checkpoint, text: str, chat: bool) -> list[int]:  # noqa: ANN0
     if len(ids) >= context:
         raise InputError(f"--prompt of {len(ids)} tokens: expected fewer than the model's context of {context}")
     return ids
+
+
+def spec_summary(runner) -> list[str]:  # noqa: ANN001 - a torch Runner
+    """Acceptance and the adaptive-depth decisions, when speculation ran."""
+    from kerneltriage.backends.torch.speculative import SpeculativeDecoder
+
+    loop = runner.decode_loop
+    if not isinstance(loop, SpeculativeDecoder):
+        return []
+    lines = [f"spec {loop.spec.label} | {loop.stats.summary()}"]
+    if runner.config.random_weights:
+        lines.append("spec: acceptance is meaningless on random weights")
+    return lines + [f"spec: step {d.step}: {d.reason}" for d in loop.controller.decisions]
 
 
 def summary_line(runner, last) -> str:  # noqa: ANN001

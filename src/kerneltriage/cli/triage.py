@@ -45,7 +45,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-p", "--n-prompt", dest="prompt", type=_count(1), default=512, help="prompt tokens (default: 512)")
     parser.add_argument("-n", "--n-gen", dest="gen", type=_count(1), default=128, help="decode tokens (default: 128)")
     parser.add_argument("-d", "--n-depth", dest="depth", type=_count(0), default=0, help="context depth (default: 0)")
-    parser.add_argument("--spec", default=None, help="speculative decoding to plan for: the M-sweep covers its verify rows (k + 1)")
     parser.add_argument("--output", choices=OUTPUTS, default="table", help="table | json (default: table)")
     parser.add_argument("--html", type=Path, default=None, help="also write an HTML report with plots to FILE")
     parser.add_argument("--ledger", type=Path, default=DEFAULT_LEDGER_PATH, help="ledger file (default: %(default)s)")
@@ -67,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     checkpoint = load_checkpoint(args.model)
     check_fits([workload.prefill_test, workload.decode_test], checkpoint.config.max_context)
     with Ledger(args.ledger) as ledger:  # opened first: a file that is not a ledger fails before any work
-        runner = build_runner_from_args(checkpoint, args)
+        runner = build_runner_from_args(checkpoint, args, speculate=False)
         with _progress(len(STAGES)) as tell:
             report = triage(runner, workload, args.spec, tell, ledger, _label(runner, workload))
     if args.html is not None:

@@ -1,0 +1,97 @@
+"""Speculative decoding on the two prompt sets (repetitive, plain) against plain decoding, same model.
+
+Usage: python benchmarks/spec_prompts.py [--configs "levers=|levers=graphs|spec=ngram;levers=last_logits"]
+           [-n 96] [--per-set 4]   (configs split on '|', fields on ';', levers on ',')
+Each config runs every prompt (chat template, greedy, EOS ignored so lengths match); decode tok/s is total
+decode tokens / total decode time. Outputs must equal the first config's, token for token.
+Writes DIR/spec-prompts-<device>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from kerneltriage.backends.torch.accelerate import apply_levers
+from kerneltriage.backends.torch.device import resolve_device, resolve_dtype
+from kerneltriage.backends.torch.generate import generate_step
+from kerneltriage.backends.torch.runner import build_runner
+from kerneltriage.backends.torch.speculative import SpeculativeDecoder, install_speculation
+from kerneltriage.backends.torch.timing import synced_clock
+from kerneltriage.core.environment import capture_environment
+from kerneltriage.engine.levers import parse_levers
+from kerneltriage.engine.sampling import SamplingParams
+from kerneltriage.engine.sources import load_checkpoint
+from kerneltriage.engine.speculative import parse_spec
+
+PROMPTS = Path(__file__).parent / "prompts"
+
+
+def make_runner(checkpoint, config: str, device: torch.device, dtype: torch.dtype):
+    fields = dict(part.split("=", 1) for part in config.split(";") if part)
+    runner = apply_levers(build_runner(checkpoint, device, dtype), parse_levers(fields.get("levers", "")))
+    if fields.get("spec"):
+        install_speculation(runner, parse_spec(fields["spec"], fields.get("depth")))
+    return runner
+
+
+def run_prompt(runner, prompt: list[int], new: int) -> tuple[float, int, list[int]]:
+    """(decode seconds after the first token, decode tokens, all tokens)."""
+    tokens, stamps = [], []
+    for token in generate_step(runner, prompt, SamplingParams(), new):
+        tokens.append(token)
+        stamps.append(synced_clock(runner.device))
+    return stamps[-1] - stamps[0], len(tokens) - 1, tokens
+
+
+def run_config(runner, prompts: list[list[int]], new: int) -> dict:
+    run_prompt(runner, prompts[0], 16)  # warm-up (graph capture, allocator)
+    seconds = count = 0
+    outputs = []
+    for prompt in prompts:
+        took, decoded, tokens = run_prompt(runner, prompt, new)
+        seconds, count = seconds + took, count + decoded
+        outputs.append(tokens)
+    row = {"decode_tps": count / seconds, "outputs": outputs}
+    if isinstance(runner.decode_loop, SpeculativeDecoder):
+        row["spec"] = runner.decode_loop.stats.summary()
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--configs", default="levers=|levers=graphs|spec=ngram")
+    parser.add_argument("-n", type=int, default=96)
+    parser.add_argument("--per-set", type=int, default=4)
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args()
+    device = resolve_device("auto")
+    dtype = resolve_dtype(None, device)
+    checkpoint = load_checkpoint(args.model)
+    tok = checkpoint.tokenizer
+    result = {"benchmark": "spec-prompts", "model": checkpoint.source, "dtype": str(dtype), "new_tokens": args.n,
+              "sets": {}, "environment": capture_environment()}
+    for name in ("repetitive", "plain"):
+        lines = (PROMPTS / f"{name}.jsonl").read_text().splitlines()[: args.per_set]
+        texts = [json.loads(line)["prompt"] for line in lines]
+        prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}]), add_special=False)
+                   for t in texts]
+        rows = {}
+        for config in args.configs.split("|"):
+            rows[config] = run_config(make_runner(checkpoint, config, device, dtype), prompts, args.n)
+            first = next(iter(rows.values()))
+            rows[config]["same_as_first"] = rows[config]["outputs"] == first["outputs"]
+            print(f"{name:10s} {config:40s} decode {rows[config]['decode_tps']:8.1f} tok/s "
+                  f"same={rows[config]['same_as_first']} {rows[config].get('spec', '')}", flush=True)
+        result["sets"][name] = rows
+    out = Path(args.out) / f"spec-prompts-{device.type}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
