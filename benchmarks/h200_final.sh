@@ -5,25 +5,25 @@
 # Source benchmarks/device_env.sh first. Writes into $OUT; each step has its own time limit so one stuck step
 # cannot take the rest with it.
 set -uo pipefail
-kt() { python3 -m kerneltriage "$@"; }
+kt=(python3 -m kerneltriage)
 L="$OUT/ledger-h200.db"
-step() { local limit=$1; shift; local s=$SECONDS; timeout "$limit" "$@"; echo "[$? in $((SECONDS - s)) s] $*" | cut -c1-160; }
+step() { local limit=$1; shift; local s=$SECONDS; timeout "$limit" "$@"; echo "[$? in $((SECONDS - s)) s] $*" | cut -c1-160 >&2; }
 
 a() {
-  step 60 kt ceilings --refresh > "$OUT/ceilings-h200.txt"
-  step 200 kt triage --model llama3-8b --output json --html "$OUT/triage-llama3-8b-h200.html" --ledger "$L" \
+  step 60 "${kt[@]}" ceilings --refresh > "$OUT/ceilings-h200.txt"
+  step 200 "${kt[@]}" triage --model llama3-8b --output json --html "$OUT/triage-llama3-8b-h200.html" --ledger "$L" \
     > "$OUT/triage-llama3-8b-h200.json"
-  step 120 kt triage --model hd320-1b -d 4096 -n 64 --output json --html "$OUT/triage-hd320-h200.html" \
+  step 120 "${kt[@]}" triage --model hd320-1b -d 4096 -n 64 --output json --html "$OUT/triage-hd320-h200.html" \
     --ledger "$L" > "$OUT/triage-hd320-h200.json"
-  step 200 kt bench --model llama3-8b -p 512 -n 128 -d 0,4096 -r 3 --peers hf --output json --ledger "$L" \
+  step 200 "${kt[@]}" bench --model llama3-8b -p 512 -n 128 -d 0,4096 -r 3 --peers hf --output json --ledger "$L" \
     > "$OUT/bench-llama3-8b-h200.json"
 }
 
 b() {
-  step 150 python3 benchmarks/decode_levers.py --model default -r 5 --out "$OUT" --sets \
+  step 130 python3 benchmarks/decode_levers.py --model default -r 3 --out "$OUT" --sets \
     "none;graphs;packed_qkv,packed_gate_up,last_logits,graphs;packed_qkv,packed_gate_up,last_logits,compile=default,graphs"
-  step 90 kt triage --output json --html "$OUT/triage-default-h200.html" --ledger "$L" > "$OUT/triage-default-h200.json"
-  step 150 kt bench -p 512 -n 128 -d 0,4096 -r 5 --peers hf,hf-static --output json --ledger "$L" \
+  step 90 "${kt[@]}" triage --output json --html "$OUT/triage-default-h200.html" --ledger "$L" > "$OUT/triage-default-h200.json"
+  step 100 "${kt[@]}" bench -p 512 -n 128 -d 0,4096 -r 3 --peers hf --output json --ledger "$L" \
     > "$OUT/bench-default-h200.json"
   step 90 python3 benchmarks/spec_prompts.py --out "$OUT" -n 96 --per-set 4 --configs \
     "levers=|levers=graphs|levers=packed_qkv,packed_gate_up,last_logits,graphs|spec=ngram|spec=ngram;levers=packed_qkv,packed_gate_up,last_logits"
