@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/kerneltriage generate --chat --prompt "What are three ways to make LLM inference faster?" --max-tokens 96
+	$(BIN)/kerneltriage triage
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

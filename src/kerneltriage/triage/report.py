@@ -103,10 +103,14 @@ class Report:
         decode, numbers = self.breakdown["decode"], self.setup["decode"]
         measured = format_duration(numbers["seconds_per_pass"])
         idle = f"the device is idle {decode.gap_share:.0%} of each step"
-        if decode.dispatch_bound:
-            return (f"decode is dispatch-bound: {idle} ({measured}/token measured, "
-                    f"{format_duration(decode.device_seconds)} of device work)")
         kind = "bandwidth" if numbers["bound"] == "memory" else "compute"
+        if decode.dispatch_bound:
+            # What the device does once dispatch is gone: its own work against the same floor.
+            device_pct = 100 * numbers["floor_seconds_per_pass"] / decode.device_seconds
+            return (f"decode is dispatch-bound: {idle} ({measured}/token measured, "
+                    f"{format_duration(decode.device_seconds)} of device work); the device work alone is "
+                    f"{kind}-bound at {format_sig(device_pct)}% of roofline "
+                    f"(floor {format_duration(numbers['floor_seconds_per_pass'])}/token)")
         roof = (f"{format_sig(numbers['roofline_pct'])}% of roofline (floor "
                 f"{format_duration(numbers['floor_seconds_per_pass'])}/token, measured {measured}/token)")
         if decode.gap_share <= DEVICE_BOUND_GAP:
