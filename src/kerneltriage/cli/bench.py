@@ -53,7 +53,7 @@ def _count(text: str) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `bench` to the top-level subcommands."""
     parser = subparsers.add_parser(
-        "bench", help="prefill and decode speed, % of roofline, peers side by side", description=__doc__,
+        "bench", help="prefill and decode speed, %% of roofline, peers side by side", description=__doc__,
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(parser)
     add = parser.add_argument
