@@ -23,9 +23,9 @@ b() {
   step 130 python3 benchmarks/decode_levers.py --model default -r 3 --out "$OUT" --sets \
     "none;graphs;packed_qkv,packed_gate_up,last_logits,graphs;packed_qkv,packed_gate_up,last_logits,compile=default,graphs"
   step 90 "${kt[@]}" triage --output json --html "$OUT/triage-default-h200.html" --ledger "$L" > "$OUT/triage-default-h200.json"
-  step 100 "${kt[@]}" bench -p 512 -n 128 -d 0,4096 -r 3 --peers hf --output json --ledger "$L" \
+  step 240 "${kt[@]}" bench -p 512 -n 128 -d 0,4096 -r 3 --peers hf,hf-static --output json --ledger "$L" \
     > "$OUT/bench-default-h200.json"
-  step 90 python3 benchmarks/spec_prompts.py --out "$OUT" -n 96 --per-set 4 --configs \
+  step 200 python3 benchmarks/spec_prompts.py --out "$OUT" -n 96 --per-set 4 --configs \
     "levers=|levers=graphs|levers=packed_qkv,packed_gate_up,last_logits,graphs|spec=ngram|spec=ngram;levers=packed_qkv,packed_gate_up,last_logits"
 }
 
