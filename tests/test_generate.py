@@ -62,6 +62,7 @@ def test_last_logits_lever_keeps_greedy_output() -> None:
 
 
 @pytest.mark.parametrize("levers", [("one_sync",), ("packed_qkv",), ("packed_gate_up",), ("sdpa_backend=math",),
+                                    ("fused_norm",),
                                     ("last_logits", "one_sync", "packed_qkv", "packed_gate_up")])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_cpu_levers_keep_greedy_output_and_prove_they_ran(arch: str, levers: tuple[str, ...]) -> None:

@@ -34,6 +34,7 @@ LEVERS: dict[str, Lever] = {
         Lever("one_sync", "dispatch", "one host readback per token; the next step is queued before it"),
         Lever("packed_qkv", "dispatch", "q, k, v from one matmul instead of three"),
         Lever("packed_gate_up", "dispatch", "gate and up from one matmul instead of two"),
+        Lever("fused_norm", "fast-path", "RMSNorm as one fused F.rms_norm call with its weight"),
         *(Lever(f"sdpa_backend={name}", "fast-path", f"attention pinned to the {name} SDPA backend")
           for name in ("flash", "efficient", "cudnn", "math")),
     )

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kerneltriage.backends.torch.cache import StaticKVCache
-from kerneltriage.backends.torch.models.llama import Attention, Model
+from kerneltriage.backends.torch.models.llama import Attention, Model, RMSNorm
 from kerneltriage.backends.torch.runner import Runner, StepFn, decode_one
 from kerneltriage.backends.torch.sampling import sample
 from kerneltriage.core.errors import InputError
@@ -186,6 +187,20 @@ def packed_gate_up(runner: Runner) -> None:
         layer.mlp.gate_up = _packed(runner, "packed_gate_up", layer.mlp, ("gate_proj", "up_proj"))
 
 
+def fused_norm(runner: Runner) -> None:
+    """fast-path: each RMSNorm as one `F.rms_norm` call with its weight (torch's fused kernel) instead of
+    cast up + normalise + cast down + weight multiply: 3 fewer kernels per norm, 2 norms per layer.
+    Numerics: bf16 rounds once (after the weight) instead of twice, so it is judged by ab's logit tolerance."""
+    for module in runner.model.modules():
+        if isinstance(module, RMSNorm):
+            module.forward = functools.partial(_fused_rms_norm, runner, module)
+
+
+def _fused_rms_norm(runner: Runner, module: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    runner.counters["fused_norm"] += 1
+    return F.rms_norm(x, (x.shape[-1],), module.weight, module.eps)
+
+
 def sdpa_backend(runner: Runner, backend: str) -> None:
     """fast-path: try one scaled_dot_product_attention backend first (flash, efficient, cudnn or math).
 
@@ -211,7 +226,7 @@ SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 # Canonical order: model changes first, then compile, then graphs (which captures what came before).
 APPLY: dict[str, Callable[[Runner], None]] = {
-    "packed_qkv": packed_qkv, "packed_gate_up": packed_gate_up,
+    "packed_qkv": packed_qkv, "packed_gate_up": packed_gate_up, "fused_norm": fused_norm,
     **{f"sdpa_backend={name}": functools.partial(sdpa_backend, backend=name) for name in SDPA_BACKENDS},
     **{f"compile={mode}": functools.partial(compile_decode, mode=mode) for mode in COMPILE_MODES},
     "graphs": graphs, "one_sync": one_sync, "last_logits": last_logits,
