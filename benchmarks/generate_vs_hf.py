@@ -14,14 +14,14 @@ import time
 from pathlib import Path
 
 import torch
+from decode_levers import one_run  # the same timed generation loop
 
 from kerneltriage.backends.torch.device import resolve_device, resolve_dtype
-from kerneltriage.backends.torch.generate import generate_step
 from kerneltriage.backends.torch.runner import build_runner
 from kerneltriage.backends.torch.timing import synced_clock
+from kerneltriage.bench.peers import StreamStamps
 from kerneltriage.core.environment import capture_environment
 from kerneltriage.engine.fetch import default_model_path
-from kerneltriage.engine.sampling import SamplingParams
 from kerneltriage.engine.sources import load_checkpoint
 
 PROMPT = ("Summarise in one paragraph why batch-1 decoding of a small language model on a large GPU "
@@ -30,31 +30,13 @@ PROMPT = ("Summarise in one paragraph why batch-1 decoding of a small language m
 
 def ours(runner, prompt: list[int], new: int) -> dict:
     """One run of our generator (generate_step ignores EOS: the caller decides when to stop)."""
-    start = synced_clock(runner.device)
-    tokens, stamps = [], []
-    for token in generate_step(runner, prompt, SamplingParams(), new):
-        tokens.append(token)
-        stamps.append(synced_clock(runner.device))
-    return {"prefill_tps": len(prompt) / (stamps[0] - start), "decode_tps": (new - 1) / (stamps[-1] - stamps[0]),
-            "tokens": tokens}
-
-
-class _Stamps:
-    """A transformers streamer that records a synchronized clock at each put (prompt first, then tokens)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device, self.times = device, []
-
-    def put(self, value) -> None:  # noqa: ANN001
-        self.times.append(synced_clock(self.device))
-
-    def end(self) -> None:
-        pass
+    prefill, decode, tokens = one_run(runner, prompt, new)
+    return {"prefill_tps": prefill, "decode_tps": decode, "tokens": tokens}
 
 
 def hf_eager(model, prompt: list[int], new: int, device: torch.device) -> dict:
     ids = torch.tensor([prompt], device=device)
-    stamps = _Stamps(device)
+    stamps = StreamStamps()
     start = synced_clock(device)
     out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, streamer=stamps)
     first, end = stamps.times[1], stamps.times[-1]

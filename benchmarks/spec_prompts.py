@@ -14,16 +14,14 @@ import json
 from pathlib import Path
 
 import torch
+from decode_levers import one_run  # the same timed generation loop
 
 from kerneltriage.backends.torch.accelerate import apply_levers
 from kerneltriage.backends.torch.device import resolve_device, resolve_dtype
-from kerneltriage.backends.torch.generate import generate_step
 from kerneltriage.backends.torch.runner import build_runner
 from kerneltriage.backends.torch.speculative import SpeculativeDecoder, install_speculation
-from kerneltriage.backends.torch.timing import synced_clock
 from kerneltriage.core.environment import capture_environment
 from kerneltriage.engine.levers import parse_levers
-from kerneltriage.engine.sampling import SamplingParams
 from kerneltriage.engine.sources import load_checkpoint
 from kerneltriage.engine.speculative import parse_spec
 
@@ -38,22 +36,13 @@ def make_runner(checkpoint, config: str, device: torch.device, dtype: torch.dtyp
     return runner
 
 
-def run_prompt(runner, prompt: list[int], new: int) -> tuple[float, int, list[int]]:
-    """(decode seconds after the first token, decode tokens, all tokens)."""
-    tokens, stamps = [], []
-    for token in generate_step(runner, prompt, SamplingParams(), new):
-        tokens.append(token)
-        stamps.append(synced_clock(runner.device))
-    return stamps[-1] - stamps[0], len(tokens) - 1, tokens
-
-
 def run_config(runner, prompts: list[list[int]], new: int) -> dict:
-    run_prompt(runner, prompts[0], 16)  # warm-up (graph capture, allocator)
+    one_run(runner, prompts[0], 16)  # warm-up (graph capture, allocator)
     seconds = count = 0
     outputs = []
     for prompt in prompts:
-        took, decoded, tokens = run_prompt(runner, prompt, new)
-        seconds, count = seconds + took, count + decoded
+        _, rate, tokens = one_run(runner, prompt, new)
+        seconds, count = seconds + (len(tokens) - 1) / rate, count + len(tokens) - 1
         outputs.append(tokens)
     row = {"decode_tps": count / seconds, "outputs": outputs}
     if isinstance(runner.decode_loop, SpeculativeDecoder):

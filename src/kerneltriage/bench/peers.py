@@ -160,7 +160,7 @@ def _hf_prefill_sample(model: torch.nn.Module, tokens: Tokens, device: torch.dev
     return Sample(prefilled - start, time.perf_counter() - start)
 
 
-class _Stamps:
+class StreamStamps:
     """A `generate` streamer noting when each put arrives: the prompt first, then every new token (a CPU
     tensor, so the device work behind it is done)."""
 
@@ -180,7 +180,7 @@ class _Stamps:
 def _hf_decode_sample(model: torch.nn.Module, tokens: Tokens, count: int, device: torch.device,
                       static: bool) -> Sample:
     ids = torch.tensor([tokens.prefix], device=device)
-    stamps = _Stamps()
+    stamps = StreamStamps()
     extra = {"cache_implementation": "static"} if static else {}
     start = timing.synced_clock(device)
     model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=count + 1, do_sample=False,
