@@ -1,32 +1,47 @@
 #!/usr/bin/env bash
-# The H200 records for the issues, in two device calls (the default model arrives in two parts):
-#   bash benchmarks/h200_final.sh a    ceilings, triage of llama3-8b and hd320-1b, bench llama3-8b with HF eager
-#   bash benchmarks/h200_final.sh b    lever sets, triage, bench with HF peers and speculation on the default model
+# The H200 records for the issues, in device calls made back to back while the machine stays warm (the default
+# model arrives in two parts: `1` carries part a, `2` part b; later calls find it joined in /tmp):
+#   bash benchmarks/h200_final.sh 1    ceilings, triage of llama3-8b, bench llama3-8b with the HF peers
+#   bash benchmarks/h200_final.sh 2    ab of every lever on llama3-8b
+#   bash benchmarks/h200_final.sh 3    speculation on the two prompt sets (float32), triage and bench of the default model
+#   bash benchmarks/h200_final.sh 4    ab of every lever on the default model, the graphed-speculation GPU tests
 # Source benchmarks/device_env.sh first. Writes into $OUT; each step has its own time limit so one stuck step
 # cannot take the rest with it.
 set -uo pipefail
 kt=(python3 -m kerneltriage)
 L="$OUT/ledger-h200.db"
 step() { local limit=$1; shift; local s=$SECONDS; timeout "$limit" "$@"; echo "[$? in $((SECONDS - s)) s] $*" | cut -c1-160 >&2; }
+LEVERS=(packed_qkv packed_gate_up last_logits)
+PACKED=$(IFS=,; echo "${LEVERS[*]}")
+ORDER="levers=graphs|levers=compile=default|levers=last_logits|levers=one_sync|levers=packed_qkv|levers=packed_gate_up"
+ORDER+="|levers=fused_norm|levers=sdpa_backend=flash|levers=sdpa_backend=efficient|levers=sdpa_backend=cudnn"
+ORDER+="|levers=sdpa_backend=math"
 
-a() {
-  step 60 "${kt[@]}" ceilings --refresh > "$OUT/ceilings-h200.txt"
-  step 200 "${kt[@]}" triage --model llama3-8b --output json --html "$OUT/triage-llama3-8b-h200.html" --ledger "$L" \
+1() {
+  step 40 "${kt[@]}" ceilings --refresh > "$OUT/ceilings-h200.txt"
+  step 160 "${kt[@]}" triage --model llama3-8b --output json --html "$OUT/triage-llama3-8b-h200.html" --ledger "$L" \
     > "$OUT/triage-llama3-8b-h200.json"
-  step 120 "${kt[@]}" triage --model hd320-1b -d 4096 -n 64 --output json --html "$OUT/triage-hd320-h200.html" \
-    --ledger "$L" > "$OUT/triage-hd320-h200.json"
-  step 200 "${kt[@]}" bench --model llama3-8b -p 512 -n 128 -d 0,4096 -r 3 --peers hf --output json --ledger "$L" \
-    > "$OUT/bench-llama3-8b-h200.json"
+  step 330 "${kt[@]}" bench --model llama3-8b -p 512 -n 128 -d 0,4096 -r 3 --peers hf,hf-static --output json \
+    --ledger "$L" > "$OUT/bench-llama3-8b-h200.json"
 }
 
-b() {
-  step 130 python3 benchmarks/decode_levers.py --model default -r 3 --out "$OUT" --sets \
-    "none;graphs;packed_qkv,packed_gate_up,last_logits,graphs;packed_qkv,packed_gate_up,last_logits,compile=default,graphs"
-  step 90 "${kt[@]}" triage --output json --html "$OUT/triage-default-h200.html" --ledger "$L" > "$OUT/triage-default-h200.json"
-  step 240 "${kt[@]}" bench -p 512 -n 128 -d 0,4096 -r 3 --peers hf,hf-static --output json --ledger "$L" \
+2() {
+  step 540 python3 benchmarks/ab_levers.py --model llama3-8b -p 512 -n 32 -r 4 --out "$OUT/ab-llama3-8b-h200" \
+    --ledger "$L" --candidates "$ORDER"
+}
+
+3() {
+  step 250 python3 benchmarks/spec_prompts.py --dtype float32 --out "$OUT" -n 96 --per-set 4 --configs \
+    "levers=|levers=$PACKED,graphs|levers=$PACKED,fused_norm,compile=default,graphs|spec=ngram;levers=$PACKED,graphs|spec=ngram;levers=$PACKED,fused_norm,compile=default,graphs"
+  step 80 "${kt[@]}" triage --output json --html "$OUT/triage-default-h200.html" --ledger "$L" > "$OUT/triage-default-h200.json"
+  step 220 "${kt[@]}" bench -p 512 -n 128 -d 0,4096 -r 3 --peers hf,hf-static --output json --ledger "$L" \
     > "$OUT/bench-default-h200.json"
-  step 200 python3 benchmarks/spec_prompts.py --out "$OUT" -n 96 --per-set 4 --configs \
-    "levers=|levers=graphs|levers=packed_qkv,packed_gate_up,last_logits,graphs|spec=ngram|spec=ngram;levers=packed_qkv,packed_gate_up,last_logits"
+}
+
+4() {
+  step 330 python3 benchmarks/ab_levers.py --model default -p 512 -n 32 -r 4 --out "$OUT/ab-default-h200" \
+    --ledger "$L" --candidates "$ORDER|levers=$PACKED,fused_norm,compile=default,graphs|spec=ngram;levers=graphs@levers=graphs"
+  step 200 python3 -m pytest -q -x tests/test_gpu.py -k graphed_speculation -p no:cacheprovider
 }
 
 "$@"

@@ -1,10 +1,10 @@
 """Speculative decoding on the two prompt sets (repetitive, plain) against plain decoding, same model.
 
 Usage: python benchmarks/spec_prompts.py [--configs "levers=|levers=graphs|spec=ngram;levers=last_logits"]
-           [-n 96] [--per-set 4]   (configs split on '|', fields on ';', levers on ',')
+           [-n 96] [--per-set 4] [--dtype float32]   (configs split on '|', fields on ';', levers on ',')
 Each config runs every prompt (chat template, greedy, EOS ignored so lengths match); decode tok/s is total
 decode tokens / total decode time. Outputs must equal the first config's, token for token.
-Writes DIR/spec-prompts-<device>.json.
+One runner per config serves both sets. Writes DIR/spec-prompts-<device>-<dtype>.json.
 """
 
 from __future__ import annotations
@@ -54,30 +54,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="default")
     parser.add_argument("--configs", default="levers=|levers=graphs|spec=ngram")
+    parser.add_argument("--dtype", default="auto", help="auto | float32 | bf16 | fp16 (float32: exact comparisons)")
     parser.add_argument("-n", type=int, default=96)
     parser.add_argument("--per-set", type=int, default=4)
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     device = resolve_device("auto")
-    dtype = resolve_dtype(None, device)
+    dtype = resolve_dtype(args.dtype, device)
     checkpoint = load_checkpoint(args.model)
     tok = checkpoint.tokenizer
     result = {"benchmark": "spec-prompts", "model": checkpoint.source, "dtype": str(dtype), "new_tokens": args.n,
               "sets": {}, "environment": capture_environment()}
+    sets = {}
     for name in ("repetitive", "plain"):
         lines = (PROMPTS / f"{name}.jsonl").read_text().splitlines()[: args.per_set]
         texts = [json.loads(line)["prompt"] for line in lines]
-        prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}]), add_special=False)
-                   for t in texts]
-        rows = {}
-        for config in args.configs.split("|"):
-            rows[config] = run_config(make_runner(checkpoint, config, device, dtype), prompts, args.n)
-            first = next(iter(rows.values()))
-            rows[config]["same_as_first"] = rows[config]["outputs"] == first["outputs"]
+        sets[name] = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}]), add_special=False)
+                      for t in texts]
+        result["sets"][name] = {}
+    for config in args.configs.split("|"):  # one runner per config serves both sets: it compiles once
+        runner = make_runner(checkpoint, config, device, dtype)
+        for name, prompts in sets.items():
+            rows = result["sets"][name]
+            rows[config] = run_config(runner, prompts, args.n)
+            rows[config]["same_as_first"] = rows[config]["outputs"] == next(iter(rows.values()))["outputs"]
             print(f"{name:10s} {config:40s} decode {rows[config]['decode_tps']:8.1f} tok/s "
                   f"same={rows[config]['same_as_first']} {rows[config].get('spec', '')}", flush=True)
-        result["sets"][name] = rows
-    out = Path(args.out) / f"spec-prompts-{device.type}.json"
+        del runner
+    out = Path(args.out) / f"spec-prompts-{device.type}-{str(dtype).removeprefix('torch.')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
 

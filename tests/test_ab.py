@@ -41,10 +41,17 @@ def test_spec_parsing(text: str, levers: tuple[str, ...]) -> None:
     assert ab.parse_spec(text, "--b").levers == levers
 
 
+def test_spec_key_parses_speculation() -> None:
+    parsed = ab.parse_spec("levers=last_logits; spec=selfdraft:1; depth=3", "--b")
+    assert parsed == ab.Spec(("last_logits",), "selfdraft:1", "3")
+    assert ab.parse_spec(parsed.text, "--b") == parsed
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [("graphs", "key=value"), ("kernel=mine", "key=value"), ("levers=warp_drive", "unknown lever"),
-     ("levers=graphs;levers=one_sync", "given twice"), ("levers=graphs,graphs", "named twice")],
+     ("levers=graphs;levers=one_sync", "given twice"), ("levers=graphs,graphs", "named twice"),
+     ("spec=psychic", "--spec"), ("depth=4", "needs --spec"), ("spec=ngram;depth=99", "--spec-depth")],
 )
 def test_bad_specs_name_the_flag(text: str, expected: str) -> None:
     with pytest.raises(InputError, match=expected) as caught:
@@ -64,6 +71,21 @@ def test_report_holds_both_phases_both_blocks_and_the_executions() -> None:
     assert report.silent == [] and report.verdict.verdict != "invalid"
     points = [item.point for item in report.checklist]
     assert points == ["synthetic-or-end-to-end", "question", "baseline", "prefill-and-decode", "thermals"]
+
+
+def test_speculation_is_measured_and_proven_to_run() -> None:
+    report = run("spec=selfdraft:1;depth=2")
+    assert report.correctness.passed  # exact greedy acceptance: the same digests
+    assert report.counters["B"]["spec"] > 0 and "spec" not in report.counters["A"]
+    assert report.config["b"]["spec"] == "selfdraft:1 k=2" and report.config["a"]["spec"] is None
+    assert "spec selfdraft:1 k=2" in report.checklist[1].answer
+    assert report.verdict.verdict != "invalid"
+
+
+def test_speculation_that_never_drafts_is_invalid() -> None:
+    report = run("spec=ngram:3;depth=2", ab.Settings(prompt=8, gen=2, pairs=2, warmups=0))
+    # random prompt tokens and 2 new tokens: nothing for prompt lookup to match
+    assert report.silent == ["spec"] and report.verdict.verdict == "invalid"
 
 
 def test_a_lever_that_never_runs_makes_the_result_invalid(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -38,3 +38,19 @@ def test_lever_keeps_greedy_tokens_on_the_real_model(default_checkpoint, prompt,
     assert list(generate_step(runner, prompt, SamplingParams(), 300)) == plain_tokens
     for lever in levers:
         assert runner.counters[lever] > 0, lever
+
+
+@pytest.mark.parametrize("levers", [("graphs",), ("packed_qkv", "packed_gate_up", "compile=default", "graphs")],
+                         ids=",".join)
+@pytest.mark.parametrize("spec", ["ngram", "selfdraft:15"])
+def test_graphed_speculation_keeps_greedy_tokens(default_checkpoint, prompt, plain_tokens, levers, spec) -> None:
+    from kerneltriage.backends.torch.speculative import install_speculation
+    from kerneltriage.engine.speculative import parse_spec
+
+    runner = apply_levers(build_runner(default_checkpoint, torch.device("cuda"), torch.float32), levers)
+    decoder = install_speculation(runner, parse_spec(spec, "4"))
+    assert list(generate_step(runner, prompt, SamplingParams(), 300)) == plain_tokens
+    assert decoder.stats.verify_steps > 0
+    # every verify replayed a graph of k+1 = 5 rows
+    assert {rows for _, rows in runner.verify.graphs} == {5}
+    assert runner.counters["spec"] == decoder.stats.verify_steps <= runner.counters["graphs"]

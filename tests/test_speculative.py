@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import ARCHS, tiny_runner
+from kerneltriage.backends.torch.cache import StaticKVCache
 from kerneltriage.backends.torch.generate import generate_step
 from kerneltriage.backends.torch.speculative import (ModelDrafter, SelfDrafter, install_speculation,
                                                      rejection_accept)
@@ -67,6 +68,28 @@ def test_ngram_accepts_on_repetitive_text(arch: str) -> None:
     tokens, decoder = speculate(tiny_runner, arch, "ngram", "4")
     assert tokens == plain
     assert decoder.stats.acceptance > 0.3 and decoder.stats.tokens_per_step > 2
+
+
+@pytest.mark.parametrize("source", ["ngram", "selfdraft:1", "draft"])
+@pytest.mark.parametrize("depth", ["3", "auto"])
+def test_padded_verify_equals_plain_greedy(source: str, depth: str) -> None:
+    """Under graphs every verify has the deepest step's rows (fixed shapes): filler rows change nothing.
+    A static cache on the CPU takes the same path, eagerly."""
+    plain = list(generate_step(chaotic_runner("qwen3"), PROMPT, GREEDY, 40))
+    shapes = []
+
+    def make(arch: str, **changes: object):
+        runner = chaotic_runner(arch, **changes)
+        runner.cache_type = StaticKVCache
+        stock = runner.verify
+        runner.verify = lambda model, tokens, start: shapes.append(tokens.shape[1]) or stock(model, tokens, start)
+        return runner
+
+    tokens, decoder = speculate(make, "qwen3", source, depth)
+    assert tokens == plain
+    deepest = decoder.controller.deepest
+    assert shapes and set(shapes) == {deepest + 1}, shapes
+    assert decoder.stats.verify_steps == len(shapes)
 
 
 def test_rejected_drafts_are_trimmed_from_the_cache() -> None:

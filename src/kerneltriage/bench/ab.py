@@ -27,26 +27,31 @@ from kerneltriage.core.environment import take_snapshot
 from kerneltriage.core.errors import InputError
 from kerneltriage.core.measurement import Measurement, MeasurementSpec
 from kerneltriage.engine.checkpoint import Checkpoint
+from kerneltriage.engine import speculative
 from kerneltriage.engine.levers import LEVERS, parse_levers
 
-SPEC_KEYS = ("levers",)
+SPEC_KEYS = ("levers", "spec", "depth")
 SUSTAIN_WINDOW_FRACTION = 0.25  # first and last quarter of the sustained samples are compared
 Progress = Callable[[str], None]
+SPEC_COUNTER = "spec"  # counts verify steps: a speculative B that never verified did not speculate
 
 
 @dataclass(frozen=True)
 class Spec:
-    """One configuration under test: the levers switched on."""
+    """One configuration under test: the levers switched on, and speculative decoding (`--spec` text)."""
 
     levers: tuple[str, ...] = ()
+    spec: str = ""
+    depth: str = ""
 
     @property
     def text(self) -> str:
-        return f"levers={','.join(self.levers)}"
+        extra = f";spec={self.spec}" if self.spec else ""
+        return f"levers={','.join(self.levers)}{extra}" + (f";depth={self.depth}" if self.depth else "")
 
 
 def parse_spec(text: str, flag: str) -> Spec:
-    """`levers=a,b` (key=value pairs separated by ';') → Spec; a bad spec or lever is an InputError."""
+    """`levers=a,b;spec=ngram;depth=4` (key=value pairs separated by ';') → Spec; bad values are InputErrors."""
     fields: dict[str, str] = {}
     for part in (p.strip() for p in text.split(";")):
         key, sep, value = part.partition("=")
@@ -57,9 +62,10 @@ def parse_spec(text: str, flag: str) -> Spec:
                              f"{', '.join(SPEC_KEYS)}, got {part!r}")
         if key.strip() in fields:
             raise InputError(f"{flag} {text!r}: {key.strip()} is given twice")
-        fields[key.strip()] = value
+        fields[key.strip()] = value.strip()
     try:
-        return Spec(parse_levers(fields.get("levers", "")))
+        speculative.parse_spec(fields.get("spec"), fields.get("depth") or None)
+        return Spec(parse_levers(fields.get("levers", "")), fields.get("spec", ""), fields.get("depth", ""))
     except InputError as exc:
         raise InputError(f"{flag} {text!r}: {exc}") from None
 
@@ -229,12 +235,29 @@ class Report:
 def build_runners(checkpoint: Checkpoint, a: Spec, b: Spec, device: torch.device,
                   dtype: torch.dtype) -> dict[str, Runner]:
     """A, A' and B, each with its own copy of the weights from the one checkpoint."""
-    specs = {"A": a, "A'": a, "B": b}
-    return {name: apply_levers(build_runner(checkpoint, device, dtype), spec.levers) for name, spec in specs.items()}
+    return {name: _build(checkpoint, spec, device, dtype) for name, spec in {"A": a, "A'": a, "B": b}.items()}
+
+
+def _build(checkpoint: Checkpoint, spec: Spec, device: torch.device, dtype: torch.dtype) -> Runner:
+    runner = apply_levers(build_runner(checkpoint, device, dtype), spec.levers)
+    config = speculative.parse_spec(spec.spec, spec.depth or None)
+    if config is not None:  # after the levers: speculation wraps whatever prefill they installed
+        from kerneltriage.backends.torch.speculative import install_speculation
+
+        install_speculation(runner, config)
+    return runner
+
+
+def _speculation(runner: Runner) -> str | None:
+    from kerneltriage.backends.torch.speculative import SpeculativeDecoder
+
+    loop = runner.decode_loop
+    return loop.spec.label if isinstance(loop, SpeculativeDecoder) else None
 
 
 def _executions(runners: Mapping[str, Runner]) -> dict[str, dict[str, int]]:
-    return {name: {lever: r.counters[lever] for lever in r.levers} for name, r in runners.items()}
+    return {name: {lever: r.counters[lever] for lever in r.levers + ((SPEC_COUNTER,) if _speculation(r) else ())}
+            for name, r in runners.items()}
 
 
 @torch.inference_mode()
@@ -267,12 +290,14 @@ def run_ab(runners: Mapping[str, Runner], settings: Settings, progress: Progress
 
 def _checklist(report: Report, evidence: Mapping[str, str | None] | None) -> tuple[verdict.ChecklistItem, ...]:
     a_levers, b_levers = report.config["a"]["levers"], report.config["b"]["levers"]
+    a_spec, b_spec = report.config["a"]["spec"], report.config["b"]["spec"]
     snapshots = [s for m in report.measurements for s in (m.start, m.end) if s is not None]
     by_time = sorted(snapshots, key=lambda s: s.time)
     first, last = (by_time[0], by_time[-1]) if by_time else (None, None)
     return (verdict.synthetic_item(True, report.config["random_weights"]),
-            verdict.question_item({lv: LEVERS[lv].question for lv in b_levers if lv not in a_levers}),
-            verdict.baseline_item(a_levers, evidence),
+            verdict.question_item({**{lv: LEVERS[lv].question for lv in b_levers if lv not in a_levers},
+                                   **({f"spec {b_spec}": "dispatch"} if b_spec and b_spec != a_spec else {})}),
+            verdict.baseline_item(a_levers + ([f"spec {a_spec}"] if a_spec else []), evidence),
             verdict.phases_item([p.test.phase for p in report.phases]),
             verdict.thermals_item(first, last, report.windows))
 
@@ -281,7 +306,8 @@ def _config(runners: Mapping[str, Runner], settings: Settings) -> dict[str, Any]
     a, b = runners["A"], runners["B"]
     return {"source": a.checkpoint.source, "model": a.config.name, "random_weights": a.config.random_weights,
             "device": str(a.device), "dtype": str(a.dtype).removeprefix("torch."),
-            "a": {"levers": list(a.levers)}, "b": {"levers": list(b.levers)},
+            "a": {"levers": list(a.levers), "spec": _speculation(a)},
+            "b": {"levers": list(b.levers), "spec": _speculation(b)},
             "tests": [t.name for t in settings.tests], "pairs": settings.pairs, "warmups": settings.warmups,
             "sustain_s": settings.sustain, "seed": WORKLOAD_SEED,
             "digest": {"prompts": DIGEST_PROMPTS, "prompt_tokens": DIGEST_PROMPT_TOKENS, "tokens": DIGEST_TOKENS},
@@ -289,9 +315,14 @@ def _config(runners: Mapping[str, Runner], settings: Settings) -> dict[str, Any]
             "pair_order": "alternating (A B, B A, …)"}
 
 
+def side_label(side: Mapping[str, Any]) -> str:
+    """One side of a report's config as text: `levers=a,b` (`levers=(stock)` for none) and its speculation."""
+    return f"levers={','.join(side['levers']) or '(stock)'}" + (f" + spec {side['spec']}" if side["spec"] else "")
+
+
 def record(report: Report, ledger: Any, environment: Mapping[str, Any]) -> int:
     """Store the whole A/B as one ledger experiment (all samples, config, verdict, checklist as findings)."""
-    a, b = (Spec(tuple(report.config[side]["levers"])).text for side in ("a", "b"))
+    a, b = (side_label(report.config[side]) for side in ("a", "b"))
     label = f"{report.config['model'] or report.config['source']}: A {a} vs B {b}"
     with ledger.experiment("ab", report.config, environment, label=label) as exp:
         for m in report.measurements:

@@ -21,8 +21,11 @@ EPILOG = """examples:
   kerneltriage ab --b levers=last_logits                    stock vs last_logits on the default model
   kerneltriage ab --model llama3-8b --a 'levers=' --b 'levers=graphs,one_sync' -r 10 --sustain 60
   kerneltriage ab --b levers=graphs --output json > ab.json
+  kerneltriage ab --a levers=graphs --b 'levers=graphs;spec=selfdraft:15;depth=4'   speculation under graphs
 
-A spec is key=value pairs separated by ';' (today one key: levers=a,b; 'levers=' is stock).
+A spec is key=value pairs separated by ';': levers=a,b ('levers=' is stock), spec=ngram|selfdraft[:L]|draft:MODEL
+and depth=K|auto (speculative decoding, as --spec and --spec-depth on generate). The timed prompts are random
+tokens: prompt lookup (ngram) finds nothing to draft there, and a B whose speculation never verified is invalid.
 Order of work: greedy digests of A and B must match (levers that change numerics may instead stay within
 a stated logit tolerance); A against a second copy of A (A/A) sizes the noise band; then -r pairs of A and
 B, interleaved, prefill (pp N) and decode (tg N) apart. tok/s = tokens / median sample time; ± = IQR of
@@ -119,8 +122,9 @@ def _lines(result: dict) -> list[str]:
     config = result["config"]
     executed = "; ".join(f"{name}: " + ", ".join(f"{lever} ×{n}" for lever, n in c.items())
                          for name, c in result["counters"].items() if c) or "no levers on either side"
-    a, b = (",".join(config[side]["levers"]) or "(stock)" for side in ("a", "b"))
-    lines = [f"A: levers={a}   B: levers={b}   "
+    from kerneltriage.bench.ab import side_label
+
+    lines = [f"A: {side_label(config['a'])}   B: {side_label(config['b'])}   "
              f"({config['model']}, {config['device']}, {config['dtype']}, {config['pairs']} pairs per block)",
              f"verdict: {result['verdict'].upper()} — {result['reason']}",
              f"outputs: {'ok' if result['correctness']['passed'] else 'DIFFER'} — {result['correctness']['detail']}",

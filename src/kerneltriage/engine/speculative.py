@@ -234,6 +234,11 @@ class DepthController:
         self.row_costs: deque[float] = deque(maxlen=COST_WINDOW)  # verify seconds per row beyond the first
         self.until_judged = WARMUP_STEPS
 
+    @property
+    def deepest(self) -> int:
+        """The largest k this controller can ask for."""
+        return self.max_depth if self.adaptive else self.depth
+
     def next_depth(self) -> int:
         if self.adaptive and (self.plain_seen < CALIBRATION_STEPS or self.cooldown > 0):
             return 0

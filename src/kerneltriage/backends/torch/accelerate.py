@@ -16,7 +16,7 @@ from torch import nn
 
 from kerneltriage.backends.torch.cache import StaticKVCache
 from kerneltriage.backends.torch.models.llama import Attention, Model, RMSNorm
-from kerneltriage.backends.torch.runner import Runner, StepFn, decode_one
+from kerneltriage.backends.torch.runner import Runner, StepFn, decode_one, verify_rows
 from kerneltriage.backends.torch.sampling import sample
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.sampling import SamplingParams
@@ -38,40 +38,41 @@ def last_logits(runner: Runner) -> None:
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    token: torch.Tensor  # (1, 1) input slot
-    logits: torch.Tensor  # (1, V) output slot
+    tokens: torch.Tensor  # (1, T) input slot
+    logits: torch.Tensor  # output slot: (1, V) for a decode step, (T, V) for a verify
 
 
-class GraphedDecode:
-    """A decode step replayed from a CUDA graph: one graph per attention window (multiple of `window_step`),
-    captured on first use at that window; recaptured when the cache is reallocated.
+class GraphedStep:
+    """A step (decode, or a speculative verify of T rows) replayed from CUDA graphs: one graph per
+    (attention window, T), the window a multiple of `window_step`, captured on first use; recaptured when the
+    cache is reallocated.
 
-    `step` is the decode function captured: the stock one, or a compiled one (then one window: the whole
-    cache, since every new window would be a new compilation)."""
+    `step` is the function captured: the stock one, or a compiled one (then one window: the whole cache,
+    since every new window would be a new compilation)."""
 
     def __init__(self, runner: Runner, step: StepFn, window_step: int | None) -> None:
         self.runner, self.step, self.window_step = runner, step, window_step
-        self.graphs: dict[int, _Graph] = {}
+        self.graphs: dict[tuple[int, int], _Graph] = {}
         self.cache: StaticKVCache | None = None
 
-    def __call__(self, model: Model, token: torch.Tensor, start: int) -> torch.Tensor:
-        cache = model.cache
+    def __call__(self, model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        cache, rows = model.cache, tokens.shape[1]
         if cache is not self.cache:
             self.graphs.clear()
             self.cache = cache
         step = self.window_step or cache.max_len
-        window = min(cache.max_len, -(-(start + 1) // step) * step)
-        entry = self.graphs.get(window) or self._capture(model, cache, window, token, start)
-        entry.token.copy_(token)
+        window = min(cache.max_len, -(-(start + rows) // step) * step)
+        entry = self.graphs.get((window, rows)) or self._capture(model, cache, window, tokens, start)
+        entry.tokens.copy_(tokens)
         cache.position.fill_(start)
         entry.graph.replay()
-        cache.length = start + 1
+        cache.length = start + rows
         self.runner.counters["graphs"] += 1
         return entry.logits
 
-    def _capture(self, model: Model, cache: StaticKVCache, window: int, token: torch.Tensor, start: int) -> _Graph:
-        # Warm-up and capture write slot `start` with this very token, exactly what the replay writes next.
-        slot = token.clone()
+    def _capture(self, model: Model, cache: StaticKVCache, window: int, tokens: torch.Tensor, start: int) -> _Graph:
+        # Warm-up and capture write slots start… with these very tokens, exactly what the replay writes next.
+        slot = tokens.clone()
         cache.position.fill_(start)
         cache.window = window
         try:
@@ -87,8 +88,8 @@ class GraphedDecode:
                     logits = self.step(model, slot, start)
         finally:
             cache.window = None
-        self.graphs[window] = _Graph(graph, slot, logits)
-        return self.graphs[window]
+        self.graphs[window, slot.shape[1]] = _Graph(graph, slot, logits)
+        return self.graphs[window, slot.shape[1]]
 
 
 def _capturable_attention():  # noqa: ANN202 - a context manager
@@ -100,32 +101,37 @@ def _capturable_attention():  # noqa: ANN202 - a context manager
 
 
 def graphs(runner: Runner) -> None:
-    """dispatch: the decode step captured in CUDA graphs (static cache, one graph per window bucket)."""
+    """dispatch: the decode step (and a speculative verify) captured in CUDA graphs (static cache, one graph
+    per window bucket and row count)."""
     if runner.device.type != "cuda":
         raise InputError(f"--levers graphs: needs a CUDA device, not {runner.device}")
     runner.cache_type = StaticKVCache
-    compiled = isinstance(runner.decode, CompiledDecode)
-    runner.decode = GraphedDecode(runner, runner.decode, None if compiled else GRAPH_WINDOW)
+    window = None if isinstance(runner.decode, CompiledStep) else GRAPH_WINDOW
+    runner.decode = GraphedStep(runner, runner.decode, window)
+    runner.verify = GraphedStep(runner, runner.verify, window)
 
 
-class CompiledDecode:
-    """The decode step through torch.compile (Inductor fuses the elementwise ops and generates its own GEMVs).
+class CompiledStep:
+    """A step through torch.compile (Inductor fuses the elementwise ops and generates its own GEMVs).
 
     Positions are dynamic after the second step (ints are specialised once, then made symbolic), so one
-    compilation serves the eager token loop; under `graphs` it is compiled once in the static layout."""
+    compilation serves the eager token loop; under `graphs` it is compiled once in the static layout.
+    Compilation is lazy: a verify that never runs is never compiled."""
 
-    def __init__(self, runner: Runner, mode: str) -> None:
+    def __init__(self, runner: Runner, step: StepFn, mode: str) -> None:
         self.runner, self.mode = runner, mode
-        self.compiled = torch.compile(decode_one, mode=None if mode == "default" else mode, fullgraph=True)
+        self.compiled = torch.compile(step, mode=None if mode == "default" else mode, fullgraph=True)
 
-    def __call__(self, model: Model, token: torch.Tensor, start: int) -> torch.Tensor:
+    def __call__(self, model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
         self.runner.counters[f"compile={self.mode}"] += 1
-        return self.compiled(model, token, start)
+        return self.compiled(model, tokens, start)
 
 
-def compile_decode(runner: Runner, mode: str) -> None:
-    """dispatch: torch.compile of the decode step (apply before `graphs`, which then captures it)."""
-    runner.decode = CompiledDecode(runner, mode)
+def compile_steps(runner: Runner, mode: str) -> None:
+    """dispatch: torch.compile of the decode step and the verify forward (apply before `graphs`, which then
+    captures them)."""
+    runner.decode = CompiledStep(runner, decode_one, mode)
+    runner.verify = CompiledStep(runner, verify_rows, mode)
 
 
 def one_sync(runner: Runner) -> None:
@@ -228,7 +234,7 @@ COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 APPLY: dict[str, Callable[[Runner], None]] = {
     "packed_qkv": packed_qkv, "packed_gate_up": packed_gate_up, "fused_norm": fused_norm,
     **{f"sdpa_backend={name}": functools.partial(sdpa_backend, backend=name) for name in SDPA_BACKENDS},
-    **{f"compile={mode}": functools.partial(compile_decode, mode=mode) for mode in COMPILE_MODES},
+    **{f"compile={mode}": functools.partial(compile_steps, mode=mode) for mode in COMPILE_MODES},
     "graphs": graphs, "one_sync": one_sync, "last_logits": last_logits,
 }
 

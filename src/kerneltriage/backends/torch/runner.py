@@ -16,6 +16,8 @@ from kerneltriage.engine.sampling import SamplingParams
 
 # (model, tokens (1, T), start) -> logits (1, V) of the last position
 StepFn = Callable[[Model, torch.Tensor, int], torch.Tensor]
+# (model, tokens (1, T), start) -> logits (T, V) of every position: the speculative verify forward
+RowsFn = Callable[[Model, torch.Tensor, int], torch.Tensor]
 # (runner, logits (1, V) after the prompt, first position to fill, count, params, generator) -> token ids
 LoopFn = Callable[["Runner", torch.Tensor, int, int, SamplingParams, "torch.Generator | None"], Iterator[int]]
 
@@ -28,6 +30,11 @@ def prefill(model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
 def decode_one(model: Model, token: torch.Tensor, start: int) -> torch.Tensor:
     """One decode step for token (1, 1) at position `start`."""
     return model(token, start)[:, -1]
+
+
+def verify_rows(model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
+    """One forward over tokens (1, T) at positions start…start+T-1: logits for every row (T, V)."""
+    return model(tokens, start)[0]
 
 
 def decode_loop(runner: "Runner", logits: torch.Tensor, start: int, count: int, params: SamplingParams,
@@ -48,8 +55,10 @@ class Runner:
     dtype: torch.dtype
     prefill: StepFn = prefill
     decode: StepFn = decode_one
+    verify: RowsFn = verify_rows
     decode_loop: LoopFn = decode_loop
     cache_type: type[KVCache] = KVCache
+    cache_slack: int = 0  # extra slots past the last position (a padded speculative verify writes beyond it)
     levers: tuple[str, ...] = field(default_factory=tuple)
     # Proof of execution: every lever's replacement code counts its own runs here.
     counters: Counter = field(default_factory=Counter)
@@ -59,7 +68,8 @@ class Runner:
         return self.checkpoint.config
 
     def reset_cache(self, needed: int, batch: int = 1) -> KVCache:
-        """A cache with room for `needed` positions; reused (and emptied) when the current one is big enough."""
+        """A cache with room for `needed` positions (+ the slack); reused (and emptied) when big enough."""
+        needed = min(needed + self.cache_slack, max(needed, self.config.max_context))
         cache = self.model.cache
         stale = cache is None or type(cache) is not self.cache_type
         if stale or cache.max_len < needed or cache.keys.shape[1] != batch:

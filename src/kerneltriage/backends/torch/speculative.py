@@ -68,12 +68,16 @@ def rejection_accept(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
     return n, sample_probs(residual, generator)
 
 
-def verify(model: Model, last: int, draft: Draft, start: int, params: SamplingParams,
-           generator: Generator) -> list[int]:
-    """One target forward over [last, d1..dk] at positions start…start+k; returns the tokens to emit."""
+def verify(runner: Runner, last: int, draft: Draft, start: int, params: SamplingParams, generator: Generator,
+           rows: int = 0) -> list[int]:
+    """One target forward over [last, d1..dk] at positions start…start+k (padded to `rows` rows by repeating
+    the last draft: fixed shapes for graph capture; padded rows are computed and ignored); returns the tokens
+    to emit."""
     drafts, q = draft
-    tokens = torch.cat([torch.tensor([last], device=drafts.device), drafts]).view(1, -1)  # (1, k+1)
-    logits = model(tokens, start)[0]  # (k+1, V)
+    size = len(drafts)
+    filler = drafts[-1:].expand(max(rows - size - 1, 0))
+    tokens = torch.cat([torch.tensor([last], device=drafts.device), drafts, filler]).view(1, -1)  # (1, T)
+    logits = runner.verify(runner.model, tokens, start)[: size + 1]  # (k+1, V)
     if params.greedy:
         return greedy_accept(logits, drafts)
     p = filter_logits(logits, params).softmax(-1)  # (k+1, V)
@@ -189,8 +193,9 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 class SpeculativeDecoder:
     """A drop-in `Runner.decode_loop`. After a run, `stats` and `controller.decisions` describe it."""
 
-    def __init__(self, spec: SpecConfig, drafter: Drafter) -> None:
+    def __init__(self, spec: SpecConfig, drafter: Drafter, pad: int | None = None) -> None:
         self.spec, self.drafter = spec, drafter
+        self.pad = pad  # verify rows: None = padded to the deepest step under graphs, else unpadded; N = N rows
         self.prompt: list[int] = []
         self.stats = SpecStats()
         self.controller = DepthController(spec.depth)
@@ -201,23 +206,27 @@ class SpeculativeDecoder:
 
     def __call__(self, runner: Runner, logits: torch.Tensor, start: int, count: int, params: SamplingParams,
                  generator: Generator) -> Iterator[int]:
-        if isinstance(runner.model.cache, StaticKVCache):
-            raise InputError("--spec: needs the eager KV cache; it does not combine with graph capture")
         if len(self.prompt) != start:  # positions come from the context: a stale prompt would misplace them
             raise RuntimeError("speculative loop: prompt not recorded; install it after levers that replace prefill")
         self.stats, self.controller = SpecStats(), DepthController(self.spec.depth)
+        # Graph capture needs fixed shapes: every verify then has the deepest step's rows (padded).
+        fixed = issubclass(runner.cache_type, StaticKVCache)
+        rows = self.pad if self.pad is not None else self.controller.deepest + 1 if fixed else 0
         self.drafter.reset(runner, start + count)
         context, self.prompt = self.prompt + [int(sample(logits, params, generator).item())], []
         yield context[-1]
         while len(context) < start + count:
-            # a step emits at most k+1 tokens and writes positions up to len(context)-1+k: stay inside count
+            # a step emits at most k+1 tokens and writes positions up to len(context)-1+k: stay inside count,
+            # and a padded verify must fit in the cache (its slack) or the step is a plain one
             k = min(self.controller.next_depth(), start + count - len(context) - 1)
-            emitted = self.step(runner, context, k, params, generator)
+            if len(context) - 1 + max(rows - 1, k) >= runner.model.cache.max_len:
+                k = 0
+            emitted = self.step(runner, context, k, params, generator, rows)
             context += emitted
             yield from emitted
 
     def step(self, runner: Runner, context: list[int], k: int, params: SamplingParams,
-             generator: Generator) -> list[int]:
+             generator: Generator, rows: int = 0) -> list[int]:
         """Draft up to k tokens after `context`, verify them (or decode plainly); returns the tokens emitted."""
         position = len(context) - 1  # where the last emitted token goes
         began = synced_clock(runner.device)
@@ -225,7 +234,8 @@ class SpeculativeDecoder:
         if draft is None:
             return self._plain_step(runner, context[-1], position, params, generator, began)
         drafted = synced_clock(runner.device)
-        emitted = verify(runner.model, context[-1], draft, position, params, generator)
+        emitted = verify(runner, context[-1], draft, position, params, generator, rows)
+        runner.counters["spec"] += 1
         runner.model.cache.trim(position + len(emitted))  # forget the rejected drafts' entries
         verified = synced_clock(runner.device)
         size = len(draft[0])
@@ -262,6 +272,7 @@ def build_drafter(spec: SpecConfig, runner: Runner) -> Drafter:
 def install_speculation(runner: Runner, spec: SpecConfig, drafter: Drafter | None = None) -> SpeculativeDecoder:
     """Put speculative decoding on `runner` (its prefill now also records the prompt); returns the decoder."""
     decoder = SpeculativeDecoder(spec, drafter or build_drafter(spec, runner))
+    runner.cache_slack = max(runner.cache_slack, decoder.controller.deepest)  # room for a padded verify
     runner.prefill = _recording(runner.prefill, decoder)
     runner.decode_loop = decoder
     return decoder
