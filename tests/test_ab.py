@@ -123,6 +123,19 @@ def test_numerics_changing_levers_report_the_logit_difference() -> None:
     assert exact.passed and exact.max_logit_diff is None and exact.tolerance is None
 
 
+def test_low_precision_is_judged_against_a_float32_reference() -> None:
+    runners = ab.build_runners(tiny_checkpoint(), ab.Spec(), ab.Spec(("packed_qkv", "fused_norm")), CPU,
+                               torch.bfloat16)
+    fair = check_outputs(runners["A"], runners["B"])  # another rounding order: about as far from float32 as A
+    assert fair.reference == "float32" and fair.error_a > 0 and fair.passed
+    assert fair.tolerance == pytest.approx(max(2 * fair.error_a, 1e-3))
+    with torch.no_grad():  # a wrong result, 3% off: further from float32 than bf16 rounding takes A
+        runners["B"].model.lm_head.weight.mul_(1.03)
+    wrong = check_outputs(runners["A"], runners["B"])
+    assert wrong.digest_a != wrong.digest_b and wrong.max_logit_diff > wrong.tolerance and not wrong.passed
+    assert "against float32" in wrong.detail
+
+
 @pytest.mark.parametrize(
     ("digests", "diff", "tolerance", "passed"),
     [(("x", "x"), None, None, True), (("x", "y"), 1e-9, None, False), (("x", "y"), 1e-5, 1e-4, True),

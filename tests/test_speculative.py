@@ -238,9 +238,38 @@ def test_controller_switches_off_and_retries_with_a_longer_cooldown() -> None:
     controller = DepthController(None)
     depths = drive(controller, [0.05], draft_ms=0.1, row_ms=3.0, steps=300)
     offs = [d for d in controller.decisions if d.depth == 0]
-    assert len(offs) >= 2 and "speculation off for 16 steps" in offs[0].reason
-    assert "off for 32 steps" in offs[1].reason
+    assert len(offs) >= 2 and "speculation off for 32 steps" in offs[0].reason
+    assert "off for 64 steps" in offs[1].reason
     assert depths[-40:].count(0) > 30  # mostly plain decode at the end
+
+
+def drive_padded(controller: DepthController, acceptance: list[float], steps: int = 300) -> list[int]:
+    """A padded verify: the same cost (plain + 8 rows × 0.5 ms) whatever k, drafting free (prompt lookup)."""
+    rng, depths = random.Random(0), []
+    for _ in range(steps):
+        k = controller.next_depth()
+        depths.append(k)
+        if not k:
+            controller.observe_plain(0.010)
+            continue
+        n = 0
+        while n < k and rng.random() < acceptance[min(n, len(acceptance) - 1)]:
+            n += 1
+        controller.observe_verify(k, n, 0.0, 0.014)
+    return depths
+
+
+def test_padded_controller_starts_deepest_and_keeps_it_when_drafts_pay() -> None:
+    controller = DepthController(None, padded=True)
+    depths = drive_padded(controller, [0.95])
+    assert set(depths[2:]) == {8}  # after two calibration steps: the deepest k, never shrunk (it costs the same)
+
+
+def test_padded_controller_switches_off_when_drafts_fail() -> None:
+    controller = DepthController(None, padded=True)
+    depths = drive_padded(controller, [0.05], steps=100)
+    assert depths[:2] == [0, 0] and depths[2] == 8
+    assert depths.count(8) <= 9 and depths[-40:].count(0) >= 35  # three probes of 3 steps at most, then plain
 
 
 def test_fixed_depth_is_never_changed() -> None:

@@ -226,6 +226,7 @@ class Report:
                 "correctness": {"passed": self.correctness.passed, "detail": self.correctness.detail,
                                 "digest_a": self.correctness.digest_a, "digest_b": self.correctness.digest_b,
                                 "max_logit_diff": self.correctness.max_logit_diff,
+                                "reference": self.correctness.reference, "error_a": self.correctness.error_a,
                                 "tolerance": self.correctness.tolerance},
                 "counters": self.counters, "silent_levers": self.silent,
                 "sustained": {label: {"first_tok_s": f, "last_tok_s": la} for label, (f, la) in self.windows.items()},

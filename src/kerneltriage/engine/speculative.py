@@ -190,11 +190,11 @@ class SpecStats:
                 f"{ms(self.verify_seconds):.2f} ms per verify step{plain}")
 
 
-WARMUP_STEPS = 4  # verify steps between two judgements of the depth
+WARMUP_STEPS = 3  # verify steps between two judgements of the depth
 CALIBRATION_STEPS = 2  # plain steps that measure the plain step's cost before auto depth speculates
 DECAY = 0.8  # weight kept by older steps in the acceptance estimates: they follow the text within ~5 steps
 COST_WINDOW = 8  # costs are medians of the last steps: one slow step (a hiccup) decides nothing
-COOLDOWN_STEPS = 16  # plain steps after speculation is switched off, doubled at each switch-off
+COOLDOWN_STEPS = 32  # plain steps after speculation is switched off, doubled at each switch-off
 MAX_COOLDOWN = 512
 
 
@@ -217,10 +217,13 @@ class DepthController:
     for a cooldown of plain steps. A fixed depth (`depth` given) is never changed.
     """
 
-    def __init__(self, depth: int | None, max_depth: int = AUTO_MAX_DEPTH) -> None:
+    def __init__(self, depth: int | None, max_depth: int = AUTO_MAX_DEPTH, padded: bool = False) -> None:
         self.adaptive = depth is None
-        self.depth = depth or AUTO_START_DEPTH
+        self.depth = depth or (max_depth if padded else AUTO_START_DEPTH)
         self.max_depth = max(self.depth, max_depth)
+        # Padded: every verify has the deepest step's rows (graph capture), so its cost does not shrink with k:
+        # auto depth starts at the deepest and only the drafting cost grows with k.
+        self.padded = padded
         self.decisions: list[Decision] = []
         self.steps = self.plain_seen = self.cooldown = 0
         self.next_cooldown = COOLDOWN_STEPS
@@ -259,7 +262,8 @@ class DepthController:
         self.accepted = [DECAY * a + (i < accepted) for i, a in enumerate(self.accepted)]
         self.draft_costs.append(draft_s / drafted)
         if self.plain_costs:
-            self.row_costs.append(max(verify_s - median(self.plain_costs), 0.0) / drafted)
+            rows = self.deepest if self.padded else drafted  # rows beyond the first that the verify computed
+            self.row_costs.append(max(verify_s - median(self.plain_costs), 0.0) / rows)
         self.until_judged -= 1
         if self.adaptive and self.row_costs and self.until_judged <= 0:
             self._judge()
@@ -276,7 +280,8 @@ class DepthController:
     def speedup(self, depth: int) -> float:
         """Estimated E(depth)·plain / C(depth): above 1, speculating at this depth beats plain decode."""
         plain = median(self.plain_costs)
-        cost = plain + depth * (median(self.draft_costs) + median(self.row_costs))
+        rows = self.deepest if self.padded else depth
+        cost = plain + depth * median(self.draft_costs) + rows * median(self.row_costs)
         return self.expected_tokens(depth) * plain / cost
 
     def _judge(self) -> None:

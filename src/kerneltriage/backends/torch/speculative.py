@@ -193,9 +193,8 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 class SpeculativeDecoder:
     """A drop-in `Runner.decode_loop`. After a run, `stats` and `controller.decisions` describe it."""
 
-    def __init__(self, spec: SpecConfig, drafter: Drafter, pad: int | None = None) -> None:
+    def __init__(self, spec: SpecConfig, drafter: Drafter) -> None:
         self.spec, self.drafter = spec, drafter
-        self.pad = pad  # verify rows: None = padded to the deepest step under graphs, else unpadded; N = N rows
         self.prompt: list[int] = []
         self.stats = SpecStats()
         self.controller = DepthController(spec.depth)
@@ -208,10 +207,9 @@ class SpeculativeDecoder:
                  generator: Generator) -> Iterator[int]:
         if len(self.prompt) != start:  # positions come from the context: a stale prompt would misplace them
             raise RuntimeError("speculative loop: prompt not recorded; install it after levers that replace prefill")
-        self.stats, self.controller = SpecStats(), DepthController(self.spec.depth)
         # Graph capture needs fixed shapes: every verify then has the deepest step's rows (padded).
-        fixed = issubclass(runner.cache_type, StaticKVCache)
-        rows = self.pad if self.pad is not None else self.controller.deepest + 1 if fixed else 0
+        rows = self.controller.deepest + 1 if issubclass(runner.cache_type, StaticKVCache) else 0
+        self.stats, self.controller = SpecStats(), DepthController(self.spec.depth, padded=rows > 0)
         self.drafter.reset(runner, start + count)
         context, self.prompt = self.prompt + [int(sample(logits, params, generator).item())], []
         yield context[-1]
