@@ -269,6 +269,7 @@ def test_padded_controller_switches_off_when_drafts_fail() -> None:
     controller = DepthController(None, padded=True)
     depths = drive_padded(controller, [0.05], steps=100)
     assert depths[:2] == [0, 0] and depths[2] == 8
+    assert set(depths) == {0, 8}  # every probe drafts the deepest k: a shallower verify costs the same
     assert depths.count(8) <= 9 and depths[-40:].count(0) >= 35  # three probes of 3 steps at most, then plain
 
 

@@ -286,7 +286,9 @@ class DepthController:
 
     def _judge(self) -> None:
         self.until_judged = WARMUP_STEPS
-        options = {j: self.speedup(j) for j in range(1, min(self.depth + 1, self.max_depth) + 1)}
+        # Padded, any k costs the verify the same: every k is an option, and a tie goes to the deeper one.
+        top = self.max_depth if self.padded else min(self.depth + 1, self.max_depth)
+        options = {j: self.speedup(j) for j in range(top, 0, -1)}
         best = max(options, key=options.__getitem__)
         if options[best] < 1.0:
             self._switch_off(best, options[best])
@@ -300,7 +302,7 @@ class DepthController:
         self._decide(0, f"{tokens:.2f} tok/step × plain {plain:.2f} ms = {tokens * plain:.2f} ms < "
                         f"{tokens * plain / speedup:.2f} ms per step at k={best}: speculation off for "
                         f"{self.cooldown} steps")
-        self.depth = best
+        self.depth = self.max_depth if self.padded else best
         self._reset_estimates()
 
     def _decide(self, depth: int, reason: str) -> None:

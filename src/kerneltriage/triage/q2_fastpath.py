@@ -12,12 +12,15 @@ from kerneltriage.triage.amdahl import speedup, speedup_if_free
 from kerneltriage.triage.finding import Finding
 
 if TYPE_CHECKING:
-    from kerneltriage.backends.torch.gates import GateRow, SdpaCall, SweepCurve
+    from kerneltriage.backends.torch.gates import GateRow, SdpaCall
+    from kerneltriage.backends.torch.msweep import SweepCurve
 
 QUESTION = "fast-path"
 FASTER_BACKEND_MARGIN = 0.10  # an alternative this much faster per call than the default is a missed gate
 STALL_RATIO = 1.5  # per-call cost jumping by this factor from one row count to the next: a tuning-grid hole
 NON_MONOTONE_TOLERANCE = 0.15  # fewer rows costing this much more than some larger row count
+GEMV_BANDWIDTH_MIN = 0.70  # a projection at M = 1 reading its weight below this fraction of copy bandwidth …
+GEMV_BANDWIDTH_TARGET = 0.90  # … could reach about this (the large stock GEMVs do on an H200)
 COPIES_SHARE_MIN = 0.02  # copies/casts below this share of a phase are not worth a finding
 MAX_SHARE = 0.999  # keeps an Amdahl bound finite when a share rounds to the whole step
 CLASS_OF_LINEAR = {"lm_head": "output projection"}
@@ -106,6 +109,26 @@ def sweep_finding(curve: SweepCurve, decode_shares: Mapping[str, float], reliabl
         "decode")
 
 
+def gemv_bandwidth_finding(curve: SweepCurve, decode_shares: Mapping[str, float],
+                           copy_bandwidth: float | None) -> Finding | None:
+    """A projection whose one-row matmul (a decode GEMV) reads its weight well below the copy bandwidth: the
+    stock kernel at this shape is not bandwidth-bound, so decode pays for it beyond the roofline."""
+    if curve.timer != "cuda graph replay" or not copy_bandwidth or curve.rows[0] != 1:
+        return None  # only GPU GEMVs timed without the host in the way say anything about the kernel
+    fraction = curve.bandwidth() / copy_bandwidth
+    if fraction >= GEMV_BANDWIDTH_MIN:
+        return None
+    share = sum(decode_shares.get(CLASS_OF_LINEAR.get(name, name), 0.0) for name in curve.name.split("/"))
+    return Finding(
+        QUESTION, f"gemv-bandwidth-{curve.name}",
+        f"{curve.name} ({curve.k}→{curve.n}) at M=1 reads its weight at {curve.bandwidth() / 1e12:.2f} TB/s, "
+        f"{fraction:.0%} of copy bandwidth",
+        {"curve": curve.to_dict(), "fraction": fraction, "decode_share": share},
+        speedup(min(share, 1.0), GEMV_BANDWIDTH_TARGET / fraction), None, "estimated",
+        "try compile=max-autotune-no-cudagraphs (Triton GEMVs) or a packed projection (a wider N streams better); "
+        "a hand GEMV is a kernel question — judge it with ab", "decode")
+
+
 def copies_finding(phase: str, census: Mapping[str, Any], share: float) -> Finding | None:
     """Casts and non-contiguous copies that take a measurable share of a phase."""
     count = census.get("casts", 0) + census.get("strided_copies", 0)
@@ -131,13 +154,14 @@ def cpu_ops_finding(census: Mapping[str, Any], gpu: bool) -> Finding | None:
 
 
 def analyze(gate_rows: Sequence[GateRow], curves: Sequence[SweepCurve], census: Mapping[str, Mapping[str, Any]],
-            shares: Mapping[str, Mapping[str, float]], step_seconds: Mapping[str, float], gpu: bool
-            ) -> list[Finding]:
-    """Every Q2 finding: attention gates, M-sweep holes, copies/casts and CPU ops."""
+            shares: Mapping[str, Mapping[str, float]], step_seconds: Mapping[str, float], gpu: bool,
+            copy_bandwidth: float | None = None) -> list[Finding]:
+    """Every Q2 finding: attention gates, M-sweep holes and GEMV bandwidth, copies/casts and CPU ops."""
     found: list[Finding | None] = []
     for row in gate_rows:
         found += [math_fallback(row, step_seconds[row.phase]), slower_default(row, step_seconds[row.phase])]
     found += [sweep_finding(curve, shares["decode"], gpu) for curve in curves]
+    found += [gemv_bandwidth_finding(curve, shares["decode"], copy_bandwidth) for curve in curves]
     found += [copies_finding(phase, census[phase], shares[phase].get("copies/casts", 0.0)) for phase in census]
     found.append(cpu_ops_finding(census.get("decode", {}), gpu))
     return [f for f in found if f is not None]

@@ -132,7 +132,8 @@ def stage_fastpath(state: _State) -> None:
     state.sweep = msweep.m_sweep(state.runner.model, device, sweep_rows(state.spec))
     b = state.breakdown
     state.findings += q2_fastpath.analyze(state.gates, state.sweep, state.census,
-                                          {p: b[p].shares for p in b}, {p: b[p].step_seconds for p in b}, state.gpu)
+                                          {p: b[p].shares for p in b}, {p: b[p].step_seconds for p in b}, state.gpu,
+                                          state.setup["ceilings"]["bandwidth"])
 
 
 def sweep_rows(spec: str | None) -> tuple[int, ...] | None:

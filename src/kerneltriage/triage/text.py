@@ -75,11 +75,14 @@ def _gates_table(report: Report) -> Table:
 
 
 def _sweep_table(report: Report) -> Table:
-    table = Table("projection", "K→N", "weights", "M", "per call (min–max)", "holes")
+    table = Table("projection", "K→N", "weights", "M", "per call (min–max)", "M=1 reads", "holes")
+    copy = report.setup["ceilings"]["bandwidth"]
     for curve in report.sweep:
+        rate = curve["weight_bytes"] / curve["seconds"][0]
         table.add_row(curve["name"], f"{curve['k']}→{curve['n']}", str(curve["weights"]),
                       f"{curve['rows'][0]}…{curve['rows'][-1]}",
                       f"{format_duration(min(curve['seconds']))}–{format_duration(max(curve['seconds']))}",
+                      f"{rate / 1e9:,.0f} GB/s ({rate / copy:.0%} of copy)",
                       ", ".join(f"{h['kind']} @ M={h['rows']} ({h['ratio']:.2f}×)" for h in curve["holes"]) or "none")
     return table
 

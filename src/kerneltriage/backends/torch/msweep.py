@@ -2,7 +2,8 @@
 k + 1 rows, feeds it), per-call time. A bandwidth-bound GEMV costs about the same at every small M; a jump
 or a smaller M costing more than a larger one is a hole in the library's tuning grid.
 
-CUDA: every layer's weight of a shape is cycled through (none stays cache-resident), CUDA-event timing.
+CUDA: every layer's weight of a shape is cycled through (none stays cache-resident), the calls captured in a
+CUDA graph and replayed between CUDA events (eager launches would time a slow host, not the GEMV).
 CPU: tiny — one weight per shape, a few row counts, a synchronized host clock.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kerneltriage.backends.torch.gates import event_seconds
+from kerneltriage.backends.torch.gates import graph_seconds
 from kerneltriage.backends.torch.models.llama import Model
 from kerneltriage.backends.torch.timing import synced_clock
 
@@ -34,7 +35,12 @@ class SweepCurve:
     weights: int  # distinct weights cycled through (every layer's: none stays cache-resident)
     rows: tuple[int, ...]
     seconds: tuple[float, ...]
-    timer: str  # "cuda events" or "cpu clock"
+    timer: str  # "cuda graph replay" or "cpu clock"
+    weight_bytes: int  # one weight's bytes: what a bandwidth-bound call at small M reads
+
+    def bandwidth(self, index: int = 0) -> float:
+        """Weight bytes read per second at rows[index] (M = 1 first): a GEMV's achieved bandwidth."""
+        return self.weight_bytes / self.seconds[index]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,7 +69,7 @@ def _linear_seconds(weights: list[torch.Tensor], rows: int, cuda: bool) -> float
 
     if cuda:
         passes = max(1, SWEEP_MIN_CALLS // len(weights))
-        return event_seconds(one_pass, passes, SWEEP_SAMPLES, SWEEP_WARMUPS) / len(weights)
+        return graph_seconds(one_pass, passes, SWEEP_SAMPLES, SWEEP_WARMUPS) / len(weights)
     one_pass()
     times = []
     for _ in range(CPU_SWEEP_SAMPLES):
@@ -83,5 +89,5 @@ def m_sweep(model: Model, device: torch.device, rows: tuple[int, ...] | None = N
         used = weights if cuda else weights[:1]
         seconds = tuple(_linear_seconds(used, m, cuda) for m in rows)
         curves.append(SweepCurve("/".join(names), k, n, len(used), tuple(rows), seconds,
-                                 "cuda events" if cuda else "cpu clock"))
+                                 "cuda graph replay" if cuda else "cpu clock", weights[0].nbytes))
     return curves
