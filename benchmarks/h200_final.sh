@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # The H200 records for the issues, in device calls made back to back while the machine stays warm (the default
-# model arrives in two parts: `1` carries part a, `2` part b; later calls find it joined in /tmp):
-#   bash benchmarks/h200_final.sh 1    ceilings, triage of llama3-8b, bench llama3-8b with the HF peers
+# model arrives in two parts: `1` carries part a, `2` part b; later calls find it joined in /tmp). A call returns
+# at most 8 files: each step's results are also packed into $OUT/results-N.tgz.
+#   bash benchmarks/h200_final.sh 1    ceilings, triage of llama3-8b (graph-timed M-sweep), bench llama3-8b with HF peers
 #   bash benchmarks/h200_final.sh 2    speculation on the two prompt sets (float32), bench of the default model
-#   bash benchmarks/h200_final.sh 3    graphed-speculation GPU tests, triage and ab of every lever: default model
+#   bash benchmarks/h200_final.sh 3    GPU tests, triage and ab of every lever: default model
 #   bash benchmarks/h200_final.sh 4    ab of every lever on llama3-8b
-# Source benchmarks/device_env.sh first. Writes into $OUT; each step has its own time limit so one stuck step
-# cannot take the rest with it.
 set -uo pipefail
 kt=(python3 -m kerneltriage)
 L="$OUT/ledger-h200.db"
@@ -26,14 +25,14 @@ ORDER+="|levers=sdpa_backend=math"
 }
 
 2() {
-  step 250 python3 benchmarks/spec_prompts.py --dtype float32 --out "$OUT" -n 96 --per-set 4 --configs \
-    "levers=|levers=$PACKED,graphs|levers=$PACKED,fused_norm,compile=default,graphs|spec=ngram;levers=$PACKED,graphs|spec=ngram;levers=$PACKED,fused_norm,compile=default,graphs"
+  step 300 python3 benchmarks/spec_prompts.py --dtype float32 --out "$OUT" -n 96 --per-set 4 --configs \
+    "levers=|levers=$PACKED,graphs|spec=ngram;levers=$PACKED,graphs|spec=ngram;depth=8;levers=$PACKED,graphs|levers=$PACKED,fused_norm,compile=default,graphs|spec=ngram;levers=$PACKED,fused_norm,compile=default,graphs"
   step 220 "${kt[@]}" bench -p 512 -n 128 -d 0,4096 -r 3 --peers hf,hf-static --output json --ledger "$L" \
     > "$OUT/bench-default-h200.json"
 }
 
 3() {
-  step 150 python3 -m pytest -q -x tests/test_gpu.py -k graphed_speculation -p no:cacheprovider
+  step 200 python3 -m pytest -q tests/test_gpu.py -p no:cacheprovider
   step 80 "${kt[@]}" triage --output json --html "$OUT/triage-default-h200.html" --ledger "$L" > "$OUT/triage-default-h200.json"
   step 230 python3 benchmarks/ab_levers.py --model default -p 512 -n 32 -r 4 --out "$OUT/ab-default-h200" \
     --ledger "$L" --candidates "$ORDER|levers=$PACKED,fused_norm,compile=default,graphs|spec=ngram;levers=graphs@levers=graphs"
@@ -45,6 +44,7 @@ ORDER+="|levers=sdpa_backend=math"
 }
 
 "$@"
+tar czf "$OUT/results-$1.tgz" -C "$OUT" --exclude='*.tgz' .
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 for path in sorted(pathlib.Path(sys.argv[1]).glob("triage-*.json")):
