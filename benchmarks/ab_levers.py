@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import io
 import json
 import sys
 from pathlib import Path
+
+import torch
 
 from kerneltriage.cli.main import main as kerneltriage
 from kerneltriage.engine.levers import LEVERS
@@ -32,6 +35,9 @@ def run(model: str, candidate: str, args: argparse.Namespace, path: Path) -> Non
         kerneltriage(["ab", "--model", model, "--a", a or "levers=", "--b", b, "-p", str(args.prompt),
                       "-n", str(args.gen), "-r", str(args.pairs), "--output", "json", "--ledger", str(args.ledger)])
     path.write_text(out.getvalue())
+    gc.collect()  # the levers' closures hold cycles back to their runners: free three models before the next
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def row(result: dict) -> str:

@@ -10,6 +10,7 @@ One runner per config serves both sets. Writes DIR/spec-prompts-<device>-<dtype>
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def run_config(runner, prompts: list[list[int]], new: int) -> dict:
         outputs.append(tokens)
     row = {"decode_tps": count / seconds, "outputs": outputs}
     if isinstance(runner.decode_loop, SpeculativeDecoder):
-        row["spec"] = runner.decode_loop.stats.summary()
+        row["spec"] = runner.decode_loop.stats.summary()  # of the last prompt: the stats restart every run
     return row
 
 
@@ -87,6 +88,7 @@ def main() -> None:
             print(f"{name:10s} {config:40s} decode {rows[config]['decode_tps']:8.1f} tok/s "
                   f"same={rows[config]['same_as_first']} {rows[config].get('spec', '')}", flush=True)
         del runner
+        gc.collect()  # lever closures hold cycles back to the runner: free its model before the next one
         out.write_text(json.dumps(result, indent=2))  # after every config: a run cut short keeps what it measured
 
 

@@ -82,6 +82,17 @@ def test_speculation_is_measured_and_proven_to_run() -> None:
     assert report.verdict.verdict != "invalid"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_broken_verify_is_caught_through_the_verify_path(dtype: torch.dtype) -> None:
+    runners = ab.build_runners(tiny_checkpoint(), ab.Spec(), ab.parse_spec("spec=selfdraft:1;depth=3", "--b"), CPU,
+                               dtype)
+    assert check_outputs(runners["A"], runners["B"]).passed
+    stock = runners["B"].verify
+    runners["B"].verify = lambda model, tokens, start: stock(model, tokens, start).roll(1, dims=0)  # rows shifted
+    broken = check_outputs(runners["A"], runners["B"])
+    assert not broken.passed and broken.max_logit_diff > 10 * broken.tolerance
+
+
 def test_speculation_that_never_drafts_is_invalid() -> None:
     report = run("spec=ngram:3;depth=2", ab.Settings(prompt=8, gen=2, pairs=2, warmups=0))
     # random prompt tokens and 2 new tokens: nothing for prompt lookup to match

@@ -176,22 +176,23 @@ def test_slower_default_backend() -> None:
     assert finding is not None and finding.lever == "sdpa_backend=flash"
 
 
-def _curve(seconds: tuple[float, ...], timer: str = "cuda graph replay") -> SweepCurve:
-    return SweepCurve("gate_proj/up_proj", 576, 1536, 30, tuple(range(1, len(seconds) + 1)), seconds, timer,
-                      576 * 1536 * 2)
+def _curve(seconds: tuple[float, ...], timer: str = "cuda graph replay", k: int = 576, n: int = 1536) -> SweepCurve:
+    return SweepCurve("gate_proj/up_proj", k, n, 30, tuple(range(1, len(seconds) + 1)), seconds, timer, k * n * 2)
 
 
 def test_gemv_bandwidth_detector() -> None:
     copy = 4.2e12
-    weight = 576 * 1536 * 2  # 1.77 MB: 0.42 µs at copy bandwidth
-    slow = _curve((weight / (0.3 * copy), 1e-6))  # reads at 30% of copy bandwidth
+    weight = 4096 * 14336 * 2  # 117 MB: 28 µs at copy bandwidth
+    slow = _curve((weight / (0.3 * copy), 1e-6), k=4096, n=14336)  # reads at 30% of copy bandwidth
     finding = q2_fastpath.gemv_bandwidth_finding(slow, {"gate_proj": 0.2, "up_proj": 0.2}, copy)
     assert finding is not None and finding.evidence["fraction"] == pytest.approx(0.3)
     assert finding.estimated_gain == pytest.approx(1 / (0.6 + 0.4 * 0.3 / 0.9))  # 40% of decode runs 3× faster
-    fast = _curve((weight / (0.85 * copy), 1e-6))
+    fast = _curve((weight / (0.85 * copy), 1e-6), k=4096, n=14336)
     assert q2_fastpath.gemv_bandwidth_finding(fast, {"gate_proj": 0.2}, copy) is None
-    on_cpu = _curve(slow.seconds, timer="cpu clock")  # a host clock times more than the kernel: no claim
+    on_cpu = _curve(slow.seconds, timer="cpu clock", k=4096, n=14336)  # a host clock times more than the kernel
     assert q2_fastpath.gemv_bandwidth_finding(on_cpu, {"gate_proj": 0.2}, copy) is None
+    small = _curve((576 * 1536 * 2 / (0.02 * copy), 1e-6))  # 1.8 MB: launch cost and L2, not bandwidth
+    assert q2_fastpath.gemv_bandwidth_finding(small, {"gate_proj": 0.2}, copy) is None
 
 
 def test_m_sweep_stall_and_non_monotone_from_fake_tables() -> None:

@@ -74,24 +74,50 @@ def token_digest(runner: Runner, prompts: Sequence[Sequence[int]]) -> str:
 
 
 def logit_errors(reference: Runner, others: Sequence[Runner], prompts: Sequence[Sequence[int]]) -> list[float]:
-    """max |logit_X − logit_reference| / max |logit_reference| for each runner X in `others`, over a prefill and
-    DIGEST_TOKENS − 1 decode steps per prompt, all fed the reference's greedy tokens (teacher forcing: one
-    flipped near-tie does not derail the rest)."""
+    """max |logit_X − logit_reference| / max |logit_reference| for each runner X in `others`, over the prompt's
+    last position and DIGEST_TOKENS − 1 generated ones, every runner fed the reference's greedy tokens (teacher
+    forcing: one flipped near-tie does not derail the rest)."""
     worst, scale = [0.0] * len(others), 0.0
     for prompt in prompts:
-        tokens = torch.tensor([list(prompt)], device=reference.device)  # (1, T)
-        for runner in (reference, *others):
-            runner.reset_cache(len(prompt) + DIGEST_TOKENS)
-        ref = reference.prefill(reference.model, tokens, 0).float()  # (1, V)
-        logits = [r.prefill(r.model, tokens, 0) for r in others]
-        for position in range(len(prompt), len(prompt) + DIGEST_TOKENS):
-            worst = [max(w, (ref - x.float()).abs().max().item()) for w, x in zip(worst, logits)]
-            scale = max(scale, ref.abs().max().item())
-            if position + 1 < len(prompt) + DIGEST_TOKENS:
-                token = ref.argmax(-1).view(1, 1)
-                ref = reference.decode(reference.model, token, position).float()
-                logits = [r.decode(r.model, token, position) for r in others]
+        ref, tokens = forced_logits(reference, prompt)
+        scale = max(scale, ref.abs().max().item())
+        worst = [max(w, (ref - forced_logits(r, prompt, tokens)[0]).abs().max().item()) for w, r in zip(worst, others)]
     return [w / scale for w in worst]
+
+
+def forced_logits(runner: Runner, prompt: Sequence[int], fed: Sequence[int] | None = None
+                  ) -> tuple[torch.Tensor, list[int]]:
+    """Float32 logits (DIGEST_TOKENS, V) after the prompt and after each of the tokens `fed` (None: the runner's
+    own greedy tokens), and the tokens fed. A speculating runner takes them through its verify forward, its
+    deepest k+1 rows at a time (padded like its own loop pads), so the path its speculation runs is the one
+    checked; the others through their decode step."""
+    runner.reset_cache(len(prompt) + DIGEST_TOKENS)
+    rows = [runner.prefill(runner.model, torch.tensor([list(prompt)], device=runner.device), 0)[0].float()]
+    position, fed = len(prompt), list(fed or [])[: DIGEST_TOKENS - 1]
+    block = verify_rows(runner)
+    if block and len(fed) < DIGEST_TOKENS - 1:
+        raise ValueError("a speculating runner is checked on the reference's tokens: pass them")
+    while len(rows) < DIGEST_TOKENS:
+        done = len(rows) - 1  # tokens fed so far
+        if block:
+            chunk = fed[done:done + block]
+            padded = torch.tensor([chunk + chunk[-1:] * (block - len(chunk))], device=runner.device)  # (1, block)
+            rows += list(runner.verify(runner.model, padded, position + done)[: len(chunk)].float())
+            runner.model.cache.trim(position + done + len(chunk))
+            continue
+        if done == len(fed):  # no token given: the runner's own greedy one
+            fed.append(int(rows[-1].argmax()))
+        step = torch.tensor([[fed[done]]], device=runner.device)
+        rows.append(runner.decode(runner.model, step, position + done)[0].float())
+    return torch.stack(rows), fed
+
+
+def verify_rows(runner: Runner) -> int:
+    """Rows per verify forward when the runner speculates (its deepest k + 1), else 0."""
+    from kerneltriage.backends.torch.speculative import SpeculativeDecoder
+
+    loop = runner.decode_loop
+    return loop.controller.deepest + 1 if isinstance(loop, SpeculativeDecoder) else 0
 
 
 def float32_reference(runner: Runner) -> Runner:
@@ -112,7 +138,9 @@ def check_outputs(a: Runner, b: Runner) -> Correctness:
     stream = token_stream(a.config.vocab_size, DIGEST_PROMPTS * DIGEST_PROMPT_TOKENS, DIGEST_SEED)
     prompts = [stream[i:i + DIGEST_PROMPT_TOKENS] for i in range(0, len(stream), DIGEST_PROMPT_TOKENS)]
     digests = token_digest(a, prompts), token_digest(b, prompts)
-    tolerant = a.config.random_weights or bool(NUMERIC_LEVERS & {*a.levers, *b.levers})
+    # Speculation verifies k+1 rows in one forward: other GEMM shapes, so other rounding, like a numeric lever.
+    speculating = bool(verify_rows(a) or verify_rows(b))
+    tolerant = a.config.random_weights or speculating or bool(NUMERIC_LEVERS & {*a.levers, *b.levers})
     if digests[0] == digests[1] and not tolerant:
         return Correctness(*digests)
     if a.dtype == torch.float32:

@@ -21,6 +21,7 @@ STALL_RATIO = 1.5  # per-call cost jumping by this factor from one row count to 
 NON_MONOTONE_TOLERANCE = 0.15  # fewer rows costing this much more than some larger row count
 GEMV_BANDWIDTH_MIN = 0.70  # a projection at M = 1 reading its weight below this fraction of copy bandwidth …
 GEMV_BANDWIDTH_TARGET = 0.90  # … could reach about this (the large stock GEMVs do on an H200)
+GEMV_MIN_BYTES = 16e6  # smaller weights are judged by launch cost and L2, not by bandwidth: no claim
 COPIES_SHARE_MIN = 0.02  # copies/casts below this share of a phase are not worth a finding
 MAX_SHARE = 0.999  # keeps an Amdahl bound finite when a share rounds to the whole step
 CLASS_OF_LINEAR = {"lm_head": "output projection"}
@@ -115,6 +116,8 @@ def gemv_bandwidth_finding(curve: SweepCurve, decode_shares: Mapping[str, float]
     stock kernel at this shape is not bandwidth-bound, so decode pays for it beyond the roofline."""
     if curve.timer != "cuda graph replay" or not copy_bandwidth or curve.rows[0] != 1:
         return None  # only GPU GEMVs timed without the host in the way say anything about the kernel
+    if curve.weight_bytes < GEMV_MIN_BYTES:
+        return None
     fraction = curve.bandwidth() / copy_bandwidth
     if fraction >= GEMV_BANDWIDTH_MIN:
         return None

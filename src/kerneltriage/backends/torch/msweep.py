@@ -2,7 +2,8 @@
 k + 1 rows, feeds it), per-call time. A bandwidth-bound GEMV costs about the same at every small M; a jump
 or a smaller M costing more than a larger one is a hole in the library's tuning grid.
 
-CUDA: every layer's weight of a shape is cycled through (none stays cache-resident), the calls captured in a
+CUDA: every layer's weight of a shape is cycled through (for a large model none stays cache-resident; a small
+model's can all sit in L2, so its small GEMVs say little about bandwidth), the calls captured in a
 CUDA graph and replayed between CUDA events (eager launches would time a slow host, not the GEMV).
 CPU: tiny — one weight per shape, a few row counts, a synchronized host clock.
 """
