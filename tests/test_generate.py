@@ -89,3 +89,42 @@ def test_graphs_lever_refuses_cpu() -> None:
 
     with pytest.raises(InputError, match="CUDA"):
         apply_levers(tiny_runner("llama"), ("graphs",))
+
+
+def test_sdpa_pad_stays_off_where_a_kernel_takes_the_head_dim() -> None:
+    from kerneltriage.backends.torch.accelerate import apply_levers
+
+    runner = apply_levers(tiny_runner("llama"), ("sdpa_pad",))  # the CPU's flash kernel takes any head_dim
+    list(generate_step(runner, [9, 10, 11, 12], GREEDY, 4))
+    assert runner.counters["sdpa_pad"] == 0  # it never ran: ab calls that invalid, triage a no-lever
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_sdpa_pad_keeps_greedy_output_when_it_pads(arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kerneltriage.backends.torch import accelerate
+
+    monkeypatch.setattr(accelerate, "fused_head_dim", lambda dim, dtype, device: dim + 8)  # as if no kernel took it
+    plain = list(generate_step(tiny_runner(arch), [9, 10, 11, 12], GREEDY, 10))
+    runner = accelerate.apply_levers(tiny_runner(arch), ("sdpa_pad",))
+    assert list(generate_step(runner, [9, 10, 11, 12], GREEDY, 10)) == plain
+    assert runner.counters["sdpa_pad"] > 0
+
+
+def test_padded_attention_is_exact_on_every_path() -> None:
+    import torch
+
+    from kerneltriage.backends.torch.accelerate import padded_attention
+    from kerneltriage.backends.torch.cache import Positions
+    from kerneltriage.backends.torch.models.llama import sdpa_attention
+
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 3, 20, generator=generator)
+    k, v = (torch.randn(1, 2, 7, 20, generator=generator) for _ in range(2))
+    mask = torch.arange(7).unsqueeze(0) <= torch.arange(4, 7).unsqueeze(1)
+    for pos in (Positions(4, torch.arange(4, 7), None), Positions(None, torch.arange(4, 7), mask)):
+        expected = sdpa_attention(q, k, v, pos)
+        assert torch.allclose(padded_attention(sdpa_attention, 32)(q, k, v, pos), expected, atol=1e-6)
+    fresh = Positions(0, torch.arange(7), None)
+    q7 = torch.randn(1, 4, 7, 20, generator=generator)
+    assert torch.allclose(padded_attention(sdpa_attention, 24)(q7, k, v, fresh), sdpa_attention(q7, k, v, fresh),
+                          atol=1e-6)

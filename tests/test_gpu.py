@@ -66,3 +66,15 @@ def test_m_sweep_times_the_gemv_not_the_host(default_checkpoint) -> None:
     # launches on a slow host it measured ~30 µs per call, i.e. under 2 TB/s
     head = next(c for c in curves if "lm_head" in c.name)
     assert head.bandwidth() > 2.5e12
+
+
+def test_sdpa_pad_finds_the_head_dims_fused_kernels_take() -> None:
+    from kerneltriage.backends.torch import gates
+    from kerneltriage.backends.torch.accelerate import fused_head_dim
+
+    cuda = torch.device("cuda")
+    assert fused_head_dim(64, torch.bfloat16, cuda) == 64  # flash takes it: nothing to pad
+    size = fused_head_dim(300, torch.bfloat16, cuda)  # over flash's 256 and not 8-aligned for the others
+    call = gates.SdpaCall((1, 8, 16, size), (1, 8, 16, size), "bfloat16", None, True, False)
+    taken = [gates.probe(name, gates.random_inputs(call, cuda))[0] for _, _, name in gates.FUSED]
+    assert size == 300 or (size % 8 == 0 and any(taken))

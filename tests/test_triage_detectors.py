@@ -150,7 +150,7 @@ def _fake_probe(ok: bool, why: str):
 
 def test_math_fallback_from_a_faked_capability_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     call = gates.SdpaCall((1, 8, 1, 320), (1, 2, 64, 320), "float32", None, False, True)
-    inputs = gates._inputs(call, torch.device("cpu"))
+    inputs = gates.random_inputs(call, torch.device("cpu"))
     for _, _, name in gates.FUSED:
         monkeypatch.setattr(torch.backends.cuda, name, _fake_probe(False, f"{name}: head_dim 320 unsupported"))
     usable, reasons, _ = gates.probe_backends(call, inputs)

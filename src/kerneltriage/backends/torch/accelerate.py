@@ -227,12 +227,62 @@ def sdpa_backend(runner: Runner, backend: str) -> None:
     runner.model.attention = attention
 
 
+PAD_STEP, PAD_LIMIT = 8, 512  # fused SDPA kernels take head_dims in multiples of 8; no point padding past 512
+
+
+def padded_attention(inner: Callable, size: int) -> Callable:
+    """`inner` attention on q, k, v zero-padded from head_dim D to `size`, the output sliced back to D.
+    Zero dims add nothing to q·k nor to the output; q is scaled by √(size/D) so that SDPA's default
+    1/√size scale applies 1/√D, the model's own."""
+
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos) -> torch.Tensor:  # noqa: ANN001
+        extra, dim = size - q.shape[-1], q.shape[-1]
+        out = inner(F.pad(q * (size / dim) ** 0.5, (0, extra)), F.pad(k, (0, extra)), F.pad(v, (0, extra)), pos)
+        return out[..., :dim]
+
+    return attention
+
+
+def fused_head_dim(dim: int, dtype: torch.dtype, device: torch.device) -> int:
+    """The smallest head_dim ≥ `dim` (a multiple of 8, ≤ 512) that a fused CUDA SDPA backend takes for a plain
+    call of this dtype; `dim` itself when one takes it, or on the CPU (its flash kernel takes any size), or when
+    none takes any size up to the limit."""
+    if device.type != "cuda":
+        return dim
+    from kerneltriage.backends.torch import gates
+
+    for size in [dim] + list(range(-(-dim // PAD_STEP) * PAD_STEP, PAD_LIMIT + 1, PAD_STEP)):
+        call = gates.SdpaCall((1, 8, 16, size), (1, 8, 16, size), str(dtype).removeprefix("torch."), None, True, False)
+        inputs = gates.random_inputs(call, device)
+        if any(gates.probe(probe_name, inputs)[0] for _, _, probe_name in gates.FUSED):
+            return size
+    return dim
+
+
+def sdpa_pad(runner: Runner) -> None:
+    """fast-path: when no fused SDPA backend takes the model's head_dim (only math would run), zero-pad it to
+    the nearest size one does (e.g. 100 → 104). Counts only the calls it padded: on a model whose head_dim a
+    fused backend already takes, it never runs, and `ab` says so."""
+    dim = runner.config.head_dim
+    size = fused_head_dim(dim, runner.dtype, runner.device)
+    if size == dim:
+        return
+    padded = padded_attention(runner.model.attention, size)
+
+    def attention(*args: torch.Tensor) -> torch.Tensor:
+        runner.counters["sdpa_pad"] += 1
+        return padded(*args)
+
+    runner.model.attention = attention
+
+
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
                  "math": "MATH"}
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 # Canonical order: model changes first, then compile, then graphs (which captures what came before).
 APPLY: dict[str, Callable[[Runner], None]] = {
     "packed_qkv": packed_qkv, "packed_gate_up": packed_gate_up, "fused_norm": fused_norm,
+    "sdpa_pad": sdpa_pad,
     **{f"sdpa_backend={name}": functools.partial(sdpa_backend, backend=name) for name in SDPA_BACKENDS},
     **{f"compile={mode}": functools.partial(compile_steps, mode=mode) for mode in COMPILE_MODES},
     "graphs": graphs, "one_sync": one_sync, "last_logits": last_logits,

@@ -119,7 +119,7 @@ def at_keys(call: SdpaCall, keys: int) -> SdpaCall:
     return dataclasses.replace(call, k=call.k[:-2] + (keys, call.k[-1]), mask=mask)
 
 
-def _inputs(call: SdpaCall, device: torch.device, expand: bool = False) -> dict[str, Any]:
+def random_inputs(call: SdpaCall, device: torch.device, expand: bool = False) -> dict[str, Any]:
     dtype = getattr(torch, call.dtype)
     q = torch.randn(call.q, device=device, dtype=dtype)
     k, v = (torch.randn(call.k, device=device, dtype=dtype) for _ in range(2))
@@ -228,7 +228,7 @@ def probe_backends(call: SdpaCall, inputs: dict[str, Any]) -> tuple[dict[str, bo
         usable[short], why = probe(probe_name, inputs)
         if not usable[short]:
             reasons[short] = why
-            if grouped and probe(probe_name, _inputs(call, inputs["query"].device, expand=True))[0]:
+            if grouped and probe(probe_name, random_inputs(call, inputs["query"].device, expand=True))[0]:
                 expandable.append(short)
     return usable, reasons, expandable
 
@@ -251,7 +251,7 @@ def time_backends(call: SdpaCall, inputs: dict[str, Any], usable: dict[str, bool
 @torch.inference_mode()
 def gate_row(phase: str, call: SdpaCall, calls_per_pass: float, device: torch.device) -> GateRow:
     """Probe and (on CUDA) time every backend for one recorded call, on random data of its shapes."""
-    inputs = _inputs(call, device)
+    inputs = random_inputs(call, device)
     default = default_backend(inputs)
     if device.type != "cuda":
         return GateRow(phase, call, calls_per_pass, f"{default} (cpu)")
