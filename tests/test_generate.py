@@ -62,7 +62,7 @@ def test_last_logits_lever_keeps_greedy_output() -> None:
 
 
 @pytest.mark.parametrize("levers", [("one_sync",), ("packed_qkv",), ("packed_gate_up",), ("sdpa_backend=math",),
-                                    ("fused_norm",),
+                                    ("fused_norm",), ("sdpa_fold",), ("sdpa_fold", "sdpa_backend=math"),
                                     ("last_logits", "one_sync", "packed_qkv", "packed_gate_up")])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_cpu_levers_keep_greedy_output_and_prove_they_ran(arch: str, levers: tuple[str, ...]) -> None:
@@ -108,6 +108,17 @@ def test_sdpa_pad_keeps_greedy_output_when_it_pads(arch: str, monkeypatch: pytes
     runner = accelerate.apply_levers(tiny_runner(arch), ("sdpa_pad",))
     assert list(generate_step(runner, [9, 10, 11, 12], GREEDY, 10)) == plain
     assert runner.counters["sdpa_pad"] > 0
+
+
+def test_sdpa_pad_pads_what_sdpa_fold_folded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kerneltriage.backends.torch import accelerate
+
+    monkeypatch.setattr(accelerate, "fused_head_dim", lambda dim, dtype, device: dim + 8)
+    plain = list(generate_step(tiny_runner("llama"), [9, 10, 11, 12], GREEDY, 10))
+    runner = accelerate.apply_levers(tiny_runner("llama"), ("sdpa_pad", "sdpa_fold"))  # applied fold first
+    assert list(generate_step(runner, [9, 10, 11, 12], GREEDY, 10)) == plain
+    # per attention call, 2 layers: 9 decode steps folded; those and the prefill padded
+    assert runner.counters["sdpa_fold"] == 2 * 9 and runner.counters["sdpa_pad"] == 2 * 10
 
 
 def test_padded_attention_is_exact_on_every_path() -> None:

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 PROMPT = "List three facts about the Moon, one per line:\n1."
 LEVER_SETS = [("graphs",), ("compile=default", "graphs"), ("one_sync",), ("graphs", "one_sync"), ("packed_qkv", "packed_gate_up"),
               ("last_logits",), ("graphs", "one_sync", "packed_qkv", "packed_gate_up", "last_logits"),
-              ("sdpa_backend=efficient",), ("sdpa_backend=math",),
+              ("sdpa_backend=efficient",), ("sdpa_backend=math",), ("sdpa_fold",),
               ("fused_norm", "compile=default", "graphs")]
 
 

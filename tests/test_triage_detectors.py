@@ -160,6 +160,7 @@ def test_math_fallback_from_a_faked_capability_answer(monkeypatch: pytest.Monkey
     finding = q2_fastpath.math_fallback(row, step_seconds=4e-3)
     assert finding is not None and finding.evidence["reasons"]["flash"] == reasons["flash"]
     assert finding.estimated_gain == pytest.approx(1 / (1 - 16 * 8e-5 / 4e-3))
+    assert finding.lever == "sdpa_fold"  # K/V expanded is what folding the query heads gets without the copy
     for _, _, name in gates.FUSED:
         monkeypatch.setattr(torch.backends.cuda, name, _fake_probe(True, ""))
     usable, reasons, _ = gates.probe_backends(call, inputs)

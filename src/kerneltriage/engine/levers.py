@@ -37,6 +37,8 @@ LEVERS: dict[str, Lever] = {
         Lever("fused_norm", "fast-path", "RMSNorm as one fused F.rms_norm call with its weight"),
         *(Lever(f"sdpa_backend={name}", "fast-path", f"attention pinned to the {name} SDPA backend")
           for name in ("flash", "efficient", "cudnn", "math")),
+        Lever("sdpa_fold", "fast-path", "decode attention with each KV head's query heads folded into one query "
+                                        "block: no backend needs GQA support (efficient attention refuses it)"),
         Lever("sdpa_pad", "fast-path", "head_dim zero-padded to the nearest size a fused SDPA backend takes, when "
                                        "none takes the model's own"),
     )

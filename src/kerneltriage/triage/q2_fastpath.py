@@ -40,6 +40,12 @@ def _best_alternative(row: GateRow) -> tuple[str, float] | None:
 
 
 def _lever_for(backend: str) -> str | None:
+    """The lever that gets an alternative: K/V expanded to every query head is what `sdpa_fold` gets without
+    the copy; a plain backend is `sdpa_backend=NAME`."""
+    from kerneltriage.backends.torch.gates import EXPANDED
+
+    if backend.endswith(EXPANDED):
+        return "sdpa_fold"
     name = f"sdpa_backend={backend}"
     return name if name in LEVERS else None
 

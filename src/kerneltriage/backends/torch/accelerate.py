@@ -227,6 +227,23 @@ def sdpa_backend(runner: Runner, backend: str) -> None:
     runner.model.attention = attention
 
 
+def sdpa_fold(runner: Runner) -> None:
+    """fast-path: a one-token decode over grouped KV heads (H query heads, Hkv < H) as plain attention of G = H/Hkv
+    queries per KV head — no backend then needs GQA support, and K/V are not expanded. Masked calls (static
+    caches) are folded by the model already; prefill keeps `is_causal` (a folded prompt would need a mask)."""
+    inner = runner.model.attention
+
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos) -> torch.Tensor:  # noqa: ANN001
+        batch, heads, length, dim = q.shape
+        if length != 1 or pos.mask is not None or heads == k.shape[1]:
+            return inner(q, k, v, pos)
+        runner.counters["sdpa_fold"] += 1
+        folded = q.reshape(batch, k.shape[1], heads // k.shape[1], dim)  # query head j*G+i → KV head j, row i
+        return F.scaled_dot_product_attention(folded, k, v).reshape(batch, heads, 1, dim)
+
+    runner.model.attention = attention
+
+
 PAD_STEP, PAD_LIMIT = 8, 512  # fused SDPA kernels take head_dims in multiples of 8; no point padding past 512
 
 
@@ -279,10 +296,11 @@ def sdpa_pad(runner: Runner) -> None:
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
                  "math": "MATH"}
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
-# Canonical order: model changes first, then compile, then graphs (which captures what came before).
+# Canonical order: model changes first (sdpa_fold innermost, so sdpa_pad pads what it folds), then compile, then
+# graphs (which captures what came before).
 APPLY: dict[str, Callable[[Runner], None]] = {
     "packed_qkv": packed_qkv, "packed_gate_up": packed_gate_up, "fused_norm": fused_norm,
-    "sdpa_pad": sdpa_pad,
+    "sdpa_fold": sdpa_fold, "sdpa_pad": sdpa_pad,
     **{f"sdpa_backend={name}": functools.partial(sdpa_backend, backend=name) for name in SDPA_BACKENDS},
     **{f"compile={mode}": functools.partial(compile_steps, mode=mode) for mode in COMPILE_MODES},
     "graphs": graphs, "one_sync": one_sync, "last_logits": last_logits,
