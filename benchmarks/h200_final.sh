@@ -2,7 +2,8 @@
 # The H200 records for the issues, in device calls made back to back while the machine stays warm (the default
 # model arrives in two parts: `1` carries part a, `2` part b; later calls find it joined in /tmp). A call returns
 # at most 8 files: each step's results are also packed into $OUT/results-N.tgz.
-#   bash benchmarks/h200_final.sh 1    ceilings, triage of llama3-8b (graph-timed M-sweep), bench llama3-8b with HF peers
+#   bash benchmarks/h200_final.sh 1    ceilings, triage of llama3-8b (graph-timed M-sweep) and of hd320-1b with
+#                                      sdpa_fold, bench llama3-8b with HF peers
 #   bash benchmarks/h200_final.sh 2    speculation on the two prompt sets (float32), bench of the default model
 #   bash benchmarks/h200_final.sh 3    GPU tests, triage and ab of every lever: default model
 #   bash benchmarks/h200_final.sh 4    ab of every lever on llama3-8b
@@ -14,12 +15,14 @@ LEVERS=(packed_qkv packed_gate_up last_logits)
 PACKED=$(IFS=,; echo "${LEVERS[*]}")
 ORDER="levers=graphs|levers=compile=default|levers=last_logits|levers=one_sync|levers=packed_qkv|levers=packed_gate_up"
 ORDER+="|levers=fused_norm|levers=sdpa_backend=flash|levers=sdpa_backend=efficient|levers=sdpa_backend=cudnn"
-ORDER+="|levers=sdpa_backend=math"
+ORDER+="|levers=sdpa_backend=math|levers=sdpa_fold"
 
 1() {
   step 40 "${kt[@]}" ceilings --refresh > "$OUT/ceilings-h200.txt"
   step 160 "${kt[@]}" triage --model llama3-8b --output json --html "$OUT/triage-llama3-8b-h200.html" --ledger "$L" \
     > "$OUT/triage-llama3-8b-h200.json"
+  step 120 "${kt[@]}" triage --model hd320-1b -d 4096 -n 64 --levers sdpa_fold --output json \
+    --html "$OUT/triage-hd320-sdpa_fold-h200.html" --ledger "$L" > "$OUT/triage-hd320-sdpa_fold-h200.json"
   step 330 "${kt[@]}" bench --model llama3-8b -p 512 -n 128 -d 0,4096 -r 3 --peers hf,hf-static --output json \
     --ledger "$L" > "$OUT/bench-llama3-8b-h200.json"
 }
@@ -40,7 +43,7 @@ ORDER+="|levers=sdpa_backend=math"
 
 4() {
   step 330 python3 benchmarks/ab_levers.py --model llama3-8b -p 512 -n 32 -r 3 --out "$OUT/ab-llama3-8b-h200" \
-    --ledger "$L" --candidates "${ORDER%%|levers=sdpa_backend=efficient*}"
+    --ledger "$L" --candidates "${ORDER%%|levers=sdpa_backend=efficient*}|levers=sdpa_fold"
 }
 
 "$@"
