@@ -3,7 +3,7 @@
 # model arrives in two parts: `1` carries part a, `2` part b; later calls find it joined in /tmp). A call returns
 # at most 8 files: each step's results are also packed into $OUT/results-N.tgz.
 #   bash benchmarks/h200_final.sh 1    ceilings, triage of llama3-8b (graph-timed M-sweep) and of hd320-1b with
-#                                      sdpa_fold, bench llama3-8b with HF peers
+#                                      sdpa_fold (bench of llama3-8b with the HF peers: recorded 2026-11-29)
 #   bash benchmarks/h200_final.sh 2    speculation on the two prompt sets (float32), bench of the default model
 #   bash benchmarks/h200_final.sh 3    GPU tests, triage and ab of every lever: default model
 #   bash benchmarks/h200_final.sh 4    ab of every lever on llama3-8b
@@ -23,8 +23,6 @@ ORDER+="|levers=sdpa_backend=math|levers=sdpa_fold"
     > "$OUT/triage-llama3-8b-h200.json"
   step 120 "${kt[@]}" triage --model hd320-1b -d 4096 -n 64 --levers sdpa_fold --output json \
     --html "$OUT/triage-hd320-sdpa_fold-h200.html" --ledger "$L" > "$OUT/triage-hd320-sdpa_fold-h200.json"
-  step 330 "${kt[@]}" bench --model llama3-8b -p 512 -n 128 -d 0,4096 -r 3 --peers hf,hf-static --output json \
-    --ledger "$L" > "$OUT/bench-llama3-8b-h200.json"
 }
 
 2() {
