@@ -4,7 +4,7 @@
 # at most 8 files: each step's results are also packed into $OUT/results-N.tgz.
 #   bash benchmarks/h200_final.sh 1    ceilings, triage of llama3-8b (graph-timed M-sweep) and of hd320-1b with
 #                                      sdpa_fold (bench of llama3-8b with the HF peers: recorded 2026-11-29)
-#   bash benchmarks/h200_final.sh 2    speculation on the two prompt sets (float32), bench of the default model
+#   bash benchmarks/h200_final.sh 2    speculation on the two prompt sets (float32), bf16 lever sets with fused_norm
 #   bash benchmarks/h200_final.sh 3    GPU tests, triage and ab of every lever: default model
 #   bash benchmarks/h200_final.sh 4    ab of every lever on llama3-8b
 set -uo pipefail
@@ -28,8 +28,8 @@ ORDER+="|levers=sdpa_backend=math|levers=sdpa_fold"
 2() {
   step 300 python3 benchmarks/spec_prompts.py --dtype float32 --out "$OUT" -n 96 --per-set 4 --configs \
     "levers=|levers=$PACKED,graphs|spec=ngram;levers=$PACKED,graphs|spec=ngram;depth=8;levers=$PACKED,graphs|levers=$PACKED,fused_norm,compile=default,graphs|spec=ngram;levers=$PACKED,fused_norm,compile=default,graphs"
-  step 220 "${kt[@]}" bench -p 512 -n 128 -d 0,4096 -r 3 --peers hf,hf-static --output json --ledger "$L" \
-    > "$OUT/bench-default-h200.json"
+  step 200 python3 benchmarks/decode_levers.py --model default -r 3 --out "$OUT" --sets \
+    "graphs;$PACKED,fused_norm,graphs;$PACKED,fused_norm,compile=default,graphs;$PACKED,sdpa_fold,fused_norm,compile=default,graphs"
 }
 
 3() {
