@@ -7,6 +7,14 @@
 #   bash benchmarks/h200_final.sh 2    speculation on the two prompt sets (float32), bf16 lever sets with fused_norm
 #   bash benchmarks/h200_final.sh 3    GPU tests, triage and ab of every lever: default model
 #   bash benchmarks/h200_final.sh 4    ab of every lever on llama3-8b
+# Set up here first (git-excluded via .git/info/exclude, never committed): the gguf wheel the device lacks, and
+# the default model in two parts under the carry limit:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 -d .whl gguf==0.19.0
+#   mkdir -p .devmodel/a .devmodel/b && split -b 50000000 ~/.cache/kerneltriage/models/SmolLM2-135M-Instruct.Q4_1.gguf \
+#     /tmp/smolpart. && mv /tmp/smolpart.aa .devmodel/a/ && mv /tmp/smolpart.ab .devmodel/b/
+# Call 1 carries .whl and .devmodel/a, call 2 .whl and .devmodel/b, later calls .whl; each call runs
+# `source benchmarks/device_env.sh; bash benchmarks/h200_final.sh N`. Every step has its own time limit.
 set -uo pipefail
 kt=(python3 -m kerneltriage)
 L="$OUT/ledger-h200.db"
