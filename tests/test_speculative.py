@@ -206,7 +206,8 @@ def test_the_chi_square_test_detects_the_draft_distribution() -> None:
 
 def drive(controller: DepthController, acceptance: list[float], draft_ms: float, row_ms: float,
           steps: int = 200, plain_ms: float = 10.0) -> list[int]:
-    """Synthetic costs: plain 10 ms, verify = plain + row_ms per draft; position i accepted with acceptance[i]."""
+    """Synthetic costs: plain 10 ms, verify = plain + row_ms per draft (per padded row when the controller is
+    padded: the same cost whatever k); position i accepted with acceptance[i]."""
     rng, depths = random.Random(0), []
     for _ in range(steps):
         k = controller.next_depth()
@@ -217,7 +218,8 @@ def drive(controller: DepthController, acceptance: list[float], draft_ms: float,
         n = 0
         while n < k and rng.random() < acceptance[min(n, len(acceptance) - 1)]:
             n += 1
-        controller.observe_verify(k, n, k * draft_ms / 1e3, (plain_ms + k * row_ms) / 1e3)
+        rows = controller.deepest if controller.padded else k
+        controller.observe_verify(k, n, k * draft_ms / 1e3, (plain_ms + rows * row_ms) / 1e3)
     return depths
 
 
@@ -243,31 +245,15 @@ def test_controller_switches_off_and_retries_with_a_longer_cooldown() -> None:
     assert depths[-40:].count(0) > 30  # mostly plain decode at the end
 
 
-def drive_padded(controller: DepthController, acceptance: list[float], steps: int = 300) -> list[int]:
-    """A padded verify: the same cost (plain + 8 rows × 0.5 ms) whatever k, drafting free (prompt lookup)."""
-    rng, depths = random.Random(0), []
-    for _ in range(steps):
-        k = controller.next_depth()
-        depths.append(k)
-        if not k:
-            controller.observe_plain(0.010)
-            continue
-        n = 0
-        while n < k and rng.random() < acceptance[min(n, len(acceptance) - 1)]:
-            n += 1
-        controller.observe_verify(k, n, 0.0, 0.014)
-    return depths
-
-
 def test_padded_controller_starts_deepest_and_keeps_it_when_drafts_pay() -> None:
     controller = DepthController(None, padded=True)
-    depths = drive_padded(controller, [0.95])
+    depths = drive(controller, [0.95], draft_ms=0.0, row_ms=0.5, steps=300)
     assert set(depths[2:]) == {8}  # after two calibration steps: the deepest k, never shrunk (it costs the same)
 
 
 def test_padded_controller_switches_off_when_drafts_fail() -> None:
     controller = DepthController(None, padded=True)
-    depths = drive_padded(controller, [0.05], steps=100)
+    depths = drive(controller, [0.05], draft_ms=0.0, row_ms=0.5, steps=100)
     assert depths[:2] == [0, 0] and depths[2] == 8
     assert set(depths) == {0, 8}  # every probe drafts the deepest k: a shallower verify costs the same
     assert depths.count(8) <= 9 and depths[-40:].count(0) >= 35  # three probes of 3 steps at most, then plain

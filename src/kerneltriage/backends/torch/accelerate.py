@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kerneltriage.backends.torch.cache import StaticKVCache
+from kerneltriage.backends.torch.cudagraph import capture
 from kerneltriage.backends.torch.models.llama import Attention, Model, RMSNorm
 from kerneltriage.backends.torch.runner import Runner, StepFn, decode_one, verify_rows
 from kerneltriage.backends.torch.sampling import sample
@@ -22,7 +23,7 @@ from kerneltriage.core.errors import InputError
 from kerneltriage.engine.sampling import SamplingParams
 
 GRAPH_WINDOW = 256  # captured decode graphs attend over a multiple of this many cache slots
-GRAPH_WARMUPS = 2  # eager runs on a side stream before capture (lazy inits must not land in the graph)
+GRAPH_WARMUPS = 2  # eager runs before capture (lazy inits must not land in the graph)
 
 
 def last_logits(runner: Runner) -> None:
@@ -77,15 +78,7 @@ class GraphedStep:
         cache.window = window
         try:
             with _capturable_attention():
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    for _ in range(GRAPH_WARMUPS):
-                        self.step(model, slot, start)
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    logits = self.step(model, slot, start)
+                graph, logits = capture(lambda: self.step(model, slot, start), GRAPH_WARMUPS)
         finally:
             cache.window = None
         self.graphs[window, slot.shape[1]] = _Graph(graph, slot, logits)

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from kerneltriage.backends.torch.cudagraph import capture
+
 
 # (backend name, SDPBackend member, the capability probe's name in torch.backends.cuda)
 FUSED = (("flash", "FLASH_ATTENTION", "can_use_flash_attention"),
@@ -202,16 +204,7 @@ def graph_seconds(fn: Callable[[], Any], calls: int, samples: int, warmups: int)
     """Median seconds per call of `fn` as the GPU runs it: `calls` calls captured in one CUDA graph, replayed
     `samples` times between CUDA events. Timing eager launches would time the host wherever it launches slower
     than the GPU runs the kernels (a ~20 µs launch against a ~10 µs GEMV on a slow host)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # lazy initialisation (cuBLAS handles, workspaces) outside the capture
-        for _ in range(warmups):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+    graph, _ = capture(lambda: [fn() for _ in range(calls)], warmups)
     return event_seconds(graph.replay, 1, samples, 1) / calls
 
 

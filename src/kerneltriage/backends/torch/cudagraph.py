@@ -1,0 +1,23 @@
+"""Capturing work into a CUDA graph: warm-up runs on a side stream first (lazy initialisations — cuBLAS handles,
+workspaces, allocator pools — must not land in the graph), then one captured run whose outputs stay in the
+graph's memory pool and are rewritten by every replay."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+
+def capture(fn: Callable[[], Any], warmups: int) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """(graph, what the captured run of `fn` returned)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = fn()
+    return graph, output
