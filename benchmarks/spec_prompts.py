@@ -20,7 +20,7 @@ from decode_levers import one_run  # the same timed generation loop
 from kerneltriage.backends.torch.accelerate import apply_levers
 from kerneltriage.backends.torch.device import resolve_device, resolve_dtype
 from kerneltriage.backends.torch.runner import build_runner
-from kerneltriage.backends.torch.speculative import SpeculativeDecoder, install_speculation
+from kerneltriage.backends.torch.speculative import decoder_of, install_speculation
 from kerneltriage.core.environment import capture_environment
 from kerneltriage.engine.levers import parse_levers
 from kerneltriage.engine.sources import load_checkpoint
@@ -45,7 +45,7 @@ def run_config(runner, prompts: list[list[int]], new: int) -> dict:
         one_run(runner, prompt, new)
     seconds = count = 0
     outputs = []
-    speculative = isinstance(runner.decode_loop, SpeculativeDecoder)
+    speculative = decoder_of(runner) is not None
     summaries = []  # one per prompt: the decoder's stats restart with every run
     for prompt in prompts:
         _, rate, tokens = one_run(runner, prompt, new)

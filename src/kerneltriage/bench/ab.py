@@ -250,10 +250,10 @@ def _build(checkpoint: Checkpoint, spec: Spec, device: torch.device, dtype: torc
 
 
 def _speculation(runner: Runner) -> str | None:
-    from kerneltriage.backends.torch.speculative import SpeculativeDecoder
+    from kerneltriage.backends.torch.speculative import decoder_of
 
-    loop = runner.decode_loop
-    return loop.spec.label if isinstance(loop, SpeculativeDecoder) else None
+    decoder = decoder_of(runner)
+    return decoder.spec.label if decoder else None
 
 
 def _executions(runners: Mapping[str, Runner]) -> dict[str, dict[str, int]]:

@@ -114,10 +114,10 @@ def forced_logits(runner: Runner, prompt: Sequence[int], fed: Sequence[int] | No
 
 def verify_rows(runner: Runner) -> int:
     """Rows per verify forward when the runner speculates (its deepest k + 1), else 0."""
-    from kerneltriage.backends.torch.speculative import SpeculativeDecoder
+    from kerneltriage.backends.torch.speculative import decoder_of
 
-    loop = runner.decode_loop
-    return loop.controller.deepest + 1 if isinstance(loop, SpeculativeDecoder) else 0
+    decoder = decoder_of(runner)
+    return decoder.controller.deepest + 1 if decoder else 0
 
 
 def float32_reference(runner: Runner) -> Runner:

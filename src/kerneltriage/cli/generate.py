@@ -110,10 +110,10 @@ def encode_prompt(checkpoint, text: str, chat: bool) -> list[int]:  # noqa: ANN0
 
 def spec_summary(runner) -> list[str]:  # noqa: ANN001 - a torch Runner
     """Acceptance and the adaptive-depth decisions, when speculation ran."""
-    from kerneltriage.backends.torch.speculative import SpeculativeDecoder
+    from kerneltriage.backends.torch.speculative import decoder_of
 
-    loop = runner.decode_loop
-    if not isinstance(loop, SpeculativeDecoder):
+    loop = decoder_of(runner)
+    if loop is None:
         return []
     lines = [f"spec {loop.spec.label} | {loop.stats.summary()}"]
     if runner.config.random_weights:

@@ -252,6 +252,12 @@ class SpeculativeDecoder:
         return [token]
 
 
+def decoder_of(runner: Runner) -> SpeculativeDecoder | None:
+    """The runner's speculative decoder, or None when it decodes plainly."""
+    loop = runner.decode_loop
+    return loop if isinstance(loop, SpeculativeDecoder) else None
+
+
 def build_drafter(spec: SpecConfig, runner: Runner) -> Drafter:
     """The drafter `spec` names for this target; selfdraft layers beyond the model's are an InputError."""
     if spec.source == "ngram":
