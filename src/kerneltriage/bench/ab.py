@@ -18,6 +18,7 @@ import torch
 
 from kerneltriage.backends.torch.accelerate import apply_levers
 from kerneltriage.backends.torch.runner import Runner, build_runner
+from kerneltriage.backends.torch.speculative import SPEC_COUNTER, decoder_of, install_speculation
 from kerneltriage.bench.equivalence import (DIGEST_PROMPT_TOKENS, DIGEST_PROMPTS, DIGEST_TOKENS, Correctness,
                                             check_outputs)
 from kerneltriage.bench.harness import Sample, _decode_sample, _prefill_sample
@@ -33,7 +34,6 @@ from kerneltriage.engine.levers import LEVERS, parse_levers
 SPEC_KEYS = ("levers", "spec", "depth")
 SUSTAIN_WINDOW_FRACTION = 0.25  # first and last quarter of the sustained samples are compared
 Progress = Callable[[str], None]
-SPEC_COUNTER = "spec"  # counts verify steps: a speculative B that never verified did not speculate
 
 
 @dataclass(frozen=True)
@@ -243,15 +243,11 @@ def _build(checkpoint: Checkpoint, spec: Spec, device: torch.device, dtype: torc
     runner = apply_levers(build_runner(checkpoint, device, dtype), spec.levers)
     config = speculative.parse_spec(spec.spec, spec.depth or None)
     if config is not None:  # after the levers: speculation wraps whatever prefill they installed
-        from kerneltriage.backends.torch.speculative import install_speculation
-
         install_speculation(runner, config)
     return runner
 
 
 def _speculation(runner: Runner) -> str | None:
-    from kerneltriage.backends.torch.speculative import decoder_of
-
     decoder = decoder_of(runner)
     return decoder.spec.label if decoder else None
 

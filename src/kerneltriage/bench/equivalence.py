@@ -13,6 +13,7 @@ import torch
 
 from kerneltriage.backends.torch.generate import generate_step
 from kerneltriage.backends.torch.runner import Runner
+from kerneltriage.backends.torch.speculative import decoder_of, padded_rows
 from kerneltriage.bench.harness import GREEDY
 from kerneltriage.bench.workloads import WORKLOAD_SEED, token_stream
 from kerneltriage.engine.levers import LEVERS
@@ -101,7 +102,7 @@ def forced_logits(runner: Runner, prompt: Sequence[int], fed: Sequence[int] | No
         done = len(rows) - 1  # tokens fed so far
         if block:
             chunk = fed[done:done + block]
-            padded = torch.tensor([chunk + chunk[-1:] * (block - len(chunk))], device=runner.device)  # (1, block)
+            padded = padded_rows(torch.tensor(chunk, device=runner.device), block)  # (1, block)
             rows += list(runner.verify(runner.model, padded, position + done)[: len(chunk)].float())
             runner.model.cache.trim(position + done + len(chunk))
             continue
@@ -114,8 +115,6 @@ def forced_logits(runner: Runner, prompt: Sequence[int], fed: Sequence[int] | No
 
 def verify_rows(runner: Runner) -> int:
     """Rows per verify forward when the runner speculates (its deepest k + 1), else 0."""
-    from kerneltriage.backends.torch.speculative import decoder_of
-
     decoder = decoder_of(runner)
     return decoder.controller.deepest + 1 if decoder else 0
 

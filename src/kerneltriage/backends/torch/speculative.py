@@ -23,6 +23,7 @@ from kerneltriage.engine.sources import load_checkpoint
 from kerneltriage.engine.speculative import DepthController, NgramIndex, SpecConfig, SpecStats, check_same_vocabulary
 
 Generator = torch.Generator | None
+SPEC_COUNTER = "spec"  # runner.counters key: verify steps run (proof that speculation happened)
 # (draft tokens (k,) long, draft probabilities (k, V) float32 — None when drafting is deterministic)
 Draft = tuple[torch.Tensor, torch.Tensor | None]
 
@@ -68,6 +69,12 @@ def rejection_accept(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
     return n, sample_probs(residual, generator)
 
 
+def padded_rows(tokens: torch.Tensor, rows: int) -> torch.Tensor:
+    """tokens (T,) as a (1, max(T, rows)) batch, the last token repeated as filler: a verify of fixed shape
+    (graph capture). Filler rows come after the real ones, so the causal mask hides them from those."""
+    return torch.cat([tokens, tokens[-1:].expand(max(rows - len(tokens), 0))]).view(1, -1)
+
+
 def verify(runner: Runner, last: int, draft: Draft, start: int, params: SamplingParams, generator: Generator,
            rows: int = 0) -> list[int]:
     """One target forward over [last, d1..dk] at positions start…start+k (padded to `rows` rows by repeating
@@ -75,8 +82,7 @@ def verify(runner: Runner, last: int, draft: Draft, start: int, params: Sampling
     to emit."""
     drafts, q = draft
     size = len(drafts)
-    filler = drafts[-1:].expand(max(rows - size - 1, 0))
-    tokens = torch.cat([torch.tensor([last], device=drafts.device), drafts, filler]).view(1, -1)  # (1, T)
+    tokens = padded_rows(torch.cat([torch.tensor([last], device=drafts.device), drafts]), rows)  # (1, T)
     logits = runner.verify(runner.model, tokens, start)[: size + 1]  # (k+1, V)
     if params.greedy:
         return greedy_accept(logits, drafts)
@@ -233,7 +239,7 @@ class SpeculativeDecoder:
             return self._plain_step(runner, context[-1], position, params, generator, began)
         drafted = synced_clock(runner.device)
         emitted = verify(runner, context[-1], draft, position, params, generator, rows)
-        runner.counters["spec"] += 1
+        runner.counters[SPEC_COUNTER] += 1
         runner.model.cache.trim(position + len(emitted))  # forget the rejected drafts' entries
         verified = synced_clock(runner.device)
         size = len(draft[0])
