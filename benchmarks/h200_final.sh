@@ -5,7 +5,8 @@
 #   bash benchmarks/h200_final.sh 1    ceilings, triage of llama3-8b (graph-timed M-sweep) and of hd320-1b with
 #                                      sdpa_fold (bench of llama3-8b with the HF peers: recorded 2026-11-29)
 #   bash benchmarks/h200_final.sh 2    speculation on the two prompt sets (float32), bf16 lever sets with fused_norm
-#   bash benchmarks/h200_final.sh 3    GPU tests, triage and ab of every lever: default model
+#   bash benchmarks/h200_final.sh 3    GPU tests, triage under the best lever set (kernels per token under graphs),
+#                                      ab of every lever: default model
 #   bash benchmarks/h200_final.sh 4    ab of every lever on llama3-8b
 # Set up here first (git-excluded via .git/info/exclude, never committed): the gguf wheel the device lacks, and
 # the default model in two parts under the carry limit:
@@ -29,21 +30,22 @@ ORDER+="|levers=sdpa_backend=math|levers=sdpa_fold"
   step 40 "${kt[@]}" ceilings --refresh > "$OUT/ceilings-h200.txt"
   step 160 "${kt[@]}" triage --model llama3-8b --output json --html "$OUT/triage-llama3-8b-h200.html" --ledger "$L" \
     > "$OUT/triage-llama3-8b-h200.json"
-  step 120 "${kt[@]}" triage --model hd320-1b -d 4096 -n 64 --levers sdpa_fold --output json \
+  step 110 "${kt[@]}" triage --model hd320-1b -d 4096 -n 32 --levers sdpa_fold --output json \
     --html "$OUT/triage-hd320-sdpa_fold-h200.html" --ledger "$L" > "$OUT/triage-hd320-sdpa_fold-h200.json"
 }
 
 2() {
   step 300 python3 benchmarks/spec_prompts.py --dtype float32 --out "$OUT" -n 96 --per-set 4 --configs \
     "levers=|levers=$PACKED,graphs|spec=ngram;levers=$PACKED,graphs|spec=ngram;depth=8;levers=$PACKED,graphs|levers=$PACKED,fused_norm,compile=default,graphs|spec=ngram;levers=$PACKED,fused_norm,compile=default,graphs"
-  step 200 python3 benchmarks/decode_levers.py --model default -r 3 --out "$OUT" --sets \
-    "graphs;$PACKED,fused_norm,graphs;$PACKED,fused_norm,compile=default,graphs;$PACKED,sdpa_fold,fused_norm,compile=default,graphs"
+  step 150 python3 benchmarks/decode_levers.py --model default -r 3 --out "$OUT" --sets \
+    "$PACKED,fused_norm,compile=default,graphs;$PACKED,sdpa_fold,fused_norm,compile=default,graphs"
 }
 
 3() {
   step 200 python3 -m pytest -q tests/test_gpu.py -p no:cacheprovider
-  step 80 "${kt[@]}" triage --output json --html "$OUT/triage-default-h200.html" --ledger "$L" > "$OUT/triage-default-h200.json"
-  step 230 python3 benchmarks/ab_levers.py --model default -p 512 -n 32 -r 4 --out "$OUT/ab-default-h200" \
+  step 100 "${kt[@]}" triage -n 64 --levers "$PACKED,fused_norm,compile=default,graphs" --output json \
+    --html "$OUT/triage-default-best-h200.html" --ledger "$L" > "$OUT/triage-default-best-h200.json"
+  step 230 python3 benchmarks/ab_levers.py --model default -p 512 -n 32 -r 3 --out "$OUT/ab-default-h200" \
     --ledger "$L" --candidates "$ORDER|levers=$PACKED,fused_norm,compile=default,graphs|spec=ngram;levers=graphs@levers=graphs"
 }
 
