@@ -2,12 +2,15 @@
 # The H200 records for the issues, in device calls made back to back while the machine stays warm (the default
 # model arrives in two parts: `1` carries part a, `2` part b; later calls find it joined in /tmp). A call returns
 # at most 8 files: each step's results are also packed into $OUT/results-N.tgz.
+# 1 and 2 were recorded on 2026-11-29 (benchmarks/results/); 3–6 are what is left to run.
 #   bash benchmarks/h200_final.sh 1    ceilings, triage of llama3-8b (graph-timed M-sweep) and of hd320-1b with
 #                                      sdpa_fold (bench of llama3-8b with the HF peers: recorded 2026-11-29)
 #   bash benchmarks/h200_final.sh 2    speculation on the two prompt sets (float32), bf16 lever sets with fused_norm
-#   bash benchmarks/h200_final.sh 3    GPU tests, triage under the best lever set (kernels per token under graphs),
-#                                      ab of every lever: default model
-#   bash benchmarks/h200_final.sh 4    ab of every lever on llama3-8b
+#   bash benchmarks/h200_final.sh 3    every GPU test (~400 s: the compile cases compile)
+#   bash benchmarks/h200_final.sh 4    ab of the dispatch and delete levers on llama3-8b (6 × ~60 s)
+#   bash benchmarks/h200_final.sh 6    ab of the fast-path levers on llama3-8b
+#   bash benchmarks/h200_final.sh 5    triage of the default model under its best lever set (kernels per token under
+#                                      graphs), ab of every lever on the default model
 # Set up here first (git-excluded via .git/info/exclude, never committed): the gguf wheel the device lacks, and
 # the default model in two parts under the carry limit:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -42,16 +45,24 @@ ORDER+="|levers=sdpa_backend=math|levers=sdpa_fold"
 }
 
 3() {
-  step 200 python3 -m pytest -q tests/test_gpu.py -p no:cacheprovider
-  step 100 "${kt[@]}" triage -n 64 --levers "$PACKED,fused_norm,compile=default,graphs" --output json \
-    --html "$OUT/triage-default-best-h200.html" --ledger "$L" > "$OUT/triage-default-best-h200.json"
-  step 230 python3 benchmarks/ab_levers.py --model default -p 512 -n 32 -r 3 --out "$OUT/ab-default-h200" \
-    --ledger "$L" --candidates "$ORDER|levers=$PACKED,fused_norm,compile=default,graphs|spec=ngram;levers=graphs@levers=graphs"
+  step 560 python3 -m pytest -v tests/test_gpu.py -p no:cacheprovider --durations=0
 }
 
 4() {
-  step 330 python3 benchmarks/ab_levers.py --model llama3-8b -p 512 -n 32 -r 3 --out "$OUT/ab-llama3-8b-h200" \
-    --ledger "$L" --candidates "${ORDER%%|levers=sdpa_backend=efficient*}|levers=sdpa_fold"
+  step 560 python3 benchmarks/ab_levers.py --model llama3-8b -p 512 -n 32 -r 3 --out "$OUT/ab-llama3-8b-h200" \
+    --ledger "$L" --candidates "${ORDER%%|levers=fused_norm*}"
+}
+
+6() {
+  step 560 python3 benchmarks/ab_levers.py --model llama3-8b -p 512 -n 32 -r 3 --out "$OUT/ab-llama3-8b-h200-b" \
+    --ledger "$L" --candidates "levers=fused_norm|${ORDER#*|levers=fused_norm|}"
+}
+
+5() {
+  step 200 "${kt[@]}" triage -n 64 --levers "$PACKED,fused_norm,compile=default,graphs" --output json \
+    --html "$OUT/triage-default-best-h200.html" --ledger "$L" > "$OUT/triage-default-best-h200.json"
+  step 380 python3 benchmarks/ab_levers.py --model default -p 512 -n 32 -r 3 --out "$OUT/ab-default-h200" \
+    --ledger "$L" --candidates "$ORDER|levers=$PACKED,fused_norm,compile=default,graphs|spec=ngram;levers=graphs@levers=graphs"
 }
 
 "$@"
