@@ -92,6 +92,23 @@ def test_padded_verify_equals_plain_greedy(source: str, depth: str) -> None:
     assert decoder.stats.verify_steps == len(shapes)
 
 
+def test_self_draft_through_a_compiled_target_compiles_once() -> None:
+    """The self-draft runs the target's own (packed, fused-norm) modules eagerly between compiled verifies, so
+    the levers' counters move between calls: counted inside the trace, each move was a recompilation, and the
+    ninth a hard failure under fullgraph (seen on the H200 test run)."""
+    from kerneltriage.backends.torch.accelerate import apply_levers
+
+    plain = list(generate_step(chaotic_runner("llama"), PROMPT, GREEDY, 24))
+    levers = ("packed_qkv", "packed_gate_up", "fused_norm", "compile=default")
+    for _ in range(2):  # a second runner in the same process compiles its own step
+        runner = apply_levers(chaotic_runner("llama"), levers)
+        runner.cache_type = StaticKVCache
+        decoder = install_speculation(runner, parse_spec("selfdraft:1", "4"))
+        assert list(generate_step(runner, PROMPT, GREEDY, 24)) == plain
+        assert decoder.stats.verify_steps > 8  # more verifies than the recompile limit
+        assert all(runner.counters[lever] > 0 for lever in levers)
+
+
 def test_rejected_drafts_are_trimmed_from_the_cache() -> None:
     runner = chaotic_runner("llama")
     plain = list(generate_step(chaotic_runner("llama"), PROMPT, GREEDY, 4))

@@ -1,7 +1,8 @@
 """Torch implementations of the levers named in `engine/levers.py`, each applied to a Runner from outside.
 
 Every replacement counts its own executions in `runner.counters[lever]`: a lever whose counter stays at
-zero did not run, whatever the timings say.
+zero did not run, whatever the timings say. Levers inside the model count through `_ran`, which counts nothing
+while torch.compile traces them (see there).
 """
 
 from __future__ import annotations
@@ -151,6 +152,15 @@ def one_sync(runner: Runner) -> None:
     runner.decode_loop = loop
 
 
+def _ran(runner: Runner, lever: str) -> None:
+    """Count one execution of a lever that runs inside the model, hence inside a compiled step. Nothing is counted
+    while torch.compile traces: Dynamo would guard on the counter's value and recompile the step whenever it moved
+    (with fullgraph, a hard failure after 8 recompilations). A compiled step counts as `compile=…`; the levers inside
+    it keep the counts of their eager calls (the prefill, a self-draft) through the same modules."""
+    if not torch.compiler.is_compiling():
+        runner.counters[lever] += 1
+
+
 def _packed(runner: Runner, lever: str, module: nn.Module, names: tuple[str, ...]) -> Callable:
     """One Linear holding the weights of `names` stacked by rows; the originals become views into it."""
     parts = [getattr(module, name) for name in names]
@@ -167,7 +177,7 @@ def _packed(runner: Runner, lever: str, module: nn.Module, names: tuple[str, ...
     module.add_module(f"packed_{'_'.join(names)}", packed)
 
     def forward(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        runner.counters[lever] += 1
+        _ran(runner, lever)
         return tuple(packed(x).split(sizes, dim=-1))
 
     return forward
@@ -196,7 +206,7 @@ def fused_norm(runner: Runner) -> None:
 
 
 def _fused_rms_norm(runner: Runner, module: RMSNorm, x: torch.Tensor) -> torch.Tensor:
-    runner.counters["fused_norm"] += 1
+    _ran(runner, "fused_norm")
     return F.rms_norm(x, (x.shape[-1],), module.weight, module.eps)
 
 
@@ -213,7 +223,7 @@ def sdpa_backend(runner: Runner, backend: str) -> None:
     inner = runner.model.attention
 
     def attention(*args: torch.Tensor) -> torch.Tensor:
-        runner.counters[f"sdpa_backend={backend}"] += 1
+        _ran(runner, f"sdpa_backend={backend}")
         with sdpa_kernel(order, set_priority=True):
             return inner(*args)
 
@@ -230,7 +240,7 @@ def sdpa_fold(runner: Runner) -> None:
         batch, heads, length, dim = q.shape
         if length != 1 or pos.mask is not None or heads == k.shape[1]:
             return inner(q, k, v, pos)
-        runner.counters["sdpa_fold"] += 1
+        _ran(runner, "sdpa_fold")
         folded = q.reshape(batch, k.shape[1], heads // k.shape[1], dim)  # query head j*G+i → KV head j, row i
         return F.scaled_dot_product_attention(folded, k, v).reshape(batch, heads, 1, dim)
 
@@ -280,7 +290,7 @@ def sdpa_pad(runner: Runner) -> None:
     padded = padded_attention(runner.model.attention, size)
 
     def attention(*args: torch.Tensor) -> torch.Tensor:
-        runner.counters["sdpa_pad"] += 1
+        _ran(runner, "sdpa_pad")
         return padded(*args)
 
     runner.model.attention = attention
