@@ -46,12 +46,14 @@ def run_config(runner, prompts: list[list[int]], new: int) -> dict:
     seconds = count = 0
     outputs = []
     speculative = decoder_of(runner) is not None
-    summaries = []  # one per prompt: the decoder's stats restart with every run
+    summaries = []  # per prompt: the decoder's stats and decisions restart with every run
     for prompt in prompts:
         _, rate, tokens = one_run(runner, prompt, new)
         seconds, count = seconds + (len(tokens) - 1) / rate, count + len(tokens) - 1
         outputs.append(tokens)
-        summaries += [runner.decode_loop.stats.summary()] if speculative else []
+        if speculative:  # the auto depth's decisions say why a prompt speculated less than a fixed depth did
+            loop = runner.decode_loop
+            summaries.append([loop.stats.summary()] + [f"step {d.step}: {d.reason}" for d in loop.controller.decisions])
     row = {"decode_tps": count / seconds, "outputs": outputs}
     if speculative:
         row["spec"] = summaries
@@ -89,7 +91,8 @@ def main() -> None:
             rows[config] = run_config(runner, prompts, args.n)
             rows[config]["same_as_first"] = rows[config]["outputs"] == next(iter(rows.values()))["outputs"]
             print(f"{name:10s} {config:40s} decode {rows[config]['decode_tps']:8.1f} tok/s "
-                  f"same={rows[config]['same_as_first']}", *rows[config].get("spec", []), sep="\n    ", flush=True)
+                  f"same={rows[config]['same_as_first']}", *sum(rows[config].get("spec", []), []), sep="\n    ",
+                  flush=True)
         del runner
         gc.collect()  # lever closures hold cycles back to the runner: free its model before the next one
         out.write_text(json.dumps(result, indent=2))  # after every config: a run cut short keeps what it measured

@@ -276,6 +276,22 @@ def test_padded_controller_switches_off_when_drafts_fail() -> None:
     assert depths.count(8) <= 9 and depths[-40:].count(0) >= 35  # three probes of 3 steps at most, then plain
 
 
+def test_padded_controller_keeps_the_deepest_k_through_an_early_miss() -> None:
+    """Padded, a shallower k saves only drafting time, and the positions it stops drafting it stops observing:
+    three early verifies rejected at position 3 must not pin cheap drafts (prompt lookup) at k = 2 once later
+    drafts would all be accepted (seen on the H200: a repetitive prompt stuck at 3 positions, 1.97 tok/verify,
+    where a fixed k = 8 made 3.6)."""
+    controller = DepthController(None, padded=True)
+    for _ in range(2):
+        controller.observe_plain(0.010)
+    depths = []
+    for accepted in [2, 2, 2] + [8] * 20:
+        k = controller.next_depth()
+        depths.append(k)
+        controller.observe_verify(k, min(k, accepted), k * 1e-5, 0.013)  # 0.01 ms a draft, 13 ms a verify
+    assert set(depths) == {8} and controller.expected_tokens(8) > 8
+
+
 def test_fixed_depth_is_never_changed() -> None:
     controller = DepthController(3)
     assert set(drive(controller, [0.05], draft_ms=1.0, row_ms=3.0)) == {3} and not controller.decisions

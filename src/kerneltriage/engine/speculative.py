@@ -194,6 +194,7 @@ WARMUP_STEPS = 3  # verify steps between two judgements of the depth
 CALIBRATION_STEPS = 2  # plain steps that measure the plain step's cost before auto depth speculates
 DECAY = 0.8  # weight kept by older steps in the acceptance estimates: they follow the text within ~5 steps
 COST_WINDOW = 8  # costs are medians of the last steps: one slow step (a hiccup) decides nothing
+SHRINK_MARGIN = 0.02  # padded: a shallower k must beat the deepest by this much (it saves drafting only)
 COOLDOWN_STEPS = 32  # plain steps after speculation is switched off, doubled at each switch-off
 MAX_COOLDOWN = 512
 
@@ -286,13 +287,18 @@ class DepthController:
 
     def _judge(self) -> None:
         self.until_judged = WARMUP_STEPS
-        # Padded, any k costs the verify the same: every k is an option, and a tie goes to the deeper one.
+        # Padded, any k costs the verify the same: every k is an option. A shallower one then saves drafting time
+        # only, and the positions it stops drafting are no longer observed (an early miss would pin k for good):
+        # the deepest option within SHRINK_MARGIN of the best is kept. Unpadded, a tie goes to the deeper one.
         top = self.max_depth if self.padded else min(self.depth + 1, self.max_depth)
-        options = {j: self.speedup(j) for j in range(top, 0, -1)}
-        best = max(options, key=options.__getitem__)
-        if options[best] < 1.0:
-            self._switch_off(best, options[best])
-        elif best != self.depth:
+        options = {j: self.speedup(j) for j in range(top, 0, -1)}  # deepest first
+        fastest = max(options, key=options.__getitem__)
+        if options[fastest] < 1.0:
+            self._switch_off(fastest, options[fastest])
+            return
+        floor = max(options[fastest] * (1.0 - (SHRINK_MARGIN if self.padded else 0.0)), 1.0)
+        best = next(j for j, speedup in options.items() if speedup >= floor)
+        if best != self.depth:
             self._decide(best, f"k {self.depth}→{best}: est. speed-up {options[best]:.2f}× "
                                f"(k={self.depth}: {options[self.depth]:.2f}×)")
 
