@@ -8,6 +8,7 @@ while torch.compile traces them (see there).
 from __future__ import annotations
 
 import functools
+import types
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -114,11 +115,20 @@ class CompiledStep:
 
     def __init__(self, runner: Runner, step: StepFn, mode: str) -> None:
         self.runner, self.mode = runner, mode
-        self.compiled = torch.compile(step, mode=None if mode == "default" else mode, fullgraph=True)
+        self.compiled = torch.compile(_own_code(step), mode=None if mode == "default" else mode, fullgraph=True)
 
     def __call__(self, model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
         self.runner.counters[f"compile={self.mode}"] += 1
         return self.compiled(model, tokens, start)
+
+
+def _own_code(step: StepFn) -> StepFn:
+    """`step` with a code object of its own. Dynamo keeps compiled code, and counts recompilations (8 at most,
+    then a hard failure under fullgraph), per code object: runners compiling the shared `decode_one` would each
+    add entries to one cache while they live (a benchmark builds several per process). A copy per runner keeps
+    one cache per runner, freed with it."""
+    code = step.__code__.replace()  # an equal but distinct code object
+    return types.FunctionType(code, step.__globals__, step.__name__, step.__defaults__, step.__closure__)
 
 
 def compile_steps(runner: Runner, mode: str) -> None:
