@@ -84,6 +84,17 @@ def test_compile_lever_keeps_greedy_output() -> None:
     assert runner.counters["compile=default"] == 5
 
 
+def test_a_lever_compiled_into_the_step_counts_its_calls() -> None:
+    """sdpa_fold runs only on one-token decode steps, all of them compiled here: its count must come from the
+    compiled step it was traced into (counting inside the trace recompiled the step at every call)."""
+    from kerneltriage.backends.torch.accelerate import apply_levers
+
+    plain = list(generate_step(tiny_runner("llama"), [9, 10, 11, 12], GREEDY, 12))
+    runner = apply_levers(tiny_runner("llama"), ("sdpa_fold", "compile=default"))
+    assert list(generate_step(runner, [9, 10, 11, 12], GREEDY, 12)) == plain
+    assert runner.counters["sdpa_fold"] == runner.counters["compile=default"] == 11
+
+
 def test_graphs_lever_refuses_cpu() -> None:
     from kerneltriage.backends.torch.accelerate import apply_levers
 

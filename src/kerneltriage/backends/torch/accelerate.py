@@ -1,8 +1,8 @@
 """Torch implementations of the levers named in `engine/levers.py`, each applied to a Runner from outside.
 
 Every replacement counts its own executions in `runner.counters[lever]`: a lever whose counter stays at
-zero did not run, whatever the timings say. Levers inside the model count through `_ran`, which counts nothing
-while torch.compile traces them (see there).
+zero did not run, whatever the timings say. Levers inside the model count through `_ran`, which under
+torch.compile counts through the compiled step they were traced into (see there).
 """
 
 from __future__ import annotations
@@ -116,10 +116,26 @@ class CompiledStep:
     def __init__(self, runner: Runner, step: StepFn, mode: str) -> None:
         self.runner, self.mode = runner, mode
         self.compiled = torch.compile(_own_code(step), mode=None if mode == "default" else mode, fullgraph=True)
+        self.inside: set[str] = set()  # levers traced into this step (see `_ran`): each call runs them
 
     def __call__(self, model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
         self.runner.counters[f"compile={self.mode}"] += 1
-        return self.compiled(model, tokens, start)
+        _TRACING.append(self)  # a compilation happens inside this call
+        try:
+            logits = self.compiled(model, tokens, start)
+        finally:
+            _TRACING.pop()
+        for lever in self.inside:
+            self.runner.counters[lever] += 1
+        return logits
+
+
+_TRACING: list[CompiledStep] = []  # the compiled step being called, whose tracing `_ran` reports to
+
+
+def _traced(lever: str) -> None:
+    if _TRACING:
+        _TRACING[-1].inside.add(lever)
 
 
 def _own_code(step: StepFn) -> StepFn:
@@ -163,11 +179,15 @@ def one_sync(runner: Runner) -> None:
 
 
 def _ran(runner: Runner, lever: str) -> None:
-    """Count one execution of a lever that runs inside the model, hence inside a compiled step. Nothing is counted
-    while torch.compile traces: Dynamo would guard on the counter's value and recompile the step whenever it moved
-    (with fullgraph, a hard failure after 8 recompilations). A compiled step counts as `compile=…`; the levers inside
-    it keep the counts of their eager calls (the prefill, a self-draft) through the same modules."""
-    if not torch.compiler.is_compiling():
+    """Count one execution of a lever that runs inside the model, hence maybe inside a compiled step. While
+    torch.compile traces, the count is not traced (Dynamo would guard on the counter's value and recompile the step
+    whenever it moved: with fullgraph, a hard failure after 8): the lever is reported once, at trace time, to the
+    compiled step being called, which then counts it at each of its calls."""
+    if torch.compiler.is_compiling():
+        from torch._dynamo.comptime import comptime  # runs its function at trace time (not imported eagerly: 1.7 s)
+
+        comptime(lambda ctx: _traced(ctx.get_local("lever").as_python_constant()))  # no free variables allowed
+    else:
         runner.counters[lever] += 1
 
 
