@@ -2,7 +2,8 @@
 # The H200 records for the issues, in device calls made back to back while the machine stays warm (the default
 # model arrives in two parts: `1` carries part a, `2` part b; later calls find it joined in /tmp). A call returns
 # at most 8 files: each step's results are also packed into $OUT/results-N.tgz.
-# 1 and 2 were recorded on 2026-11-29 (benchmarks/results/); 3–6 are what is left to run.
+# 1 and 2 were recorded on 2026-11-29 (benchmarks/results/); 3–6 are what is left to run, in the order 4 (the
+# 8B needs no default model: it carries part a), 3 (part b), 6, 5.
 #   bash benchmarks/h200_final.sh 1    ceilings, triage of llama3-8b (graph-timed M-sweep) and of hd320-1b with
 #                                      sdpa_fold (bench of llama3-8b with the HF peers: recorded 2026-11-29)
 #   bash benchmarks/h200_final.sh 2    speculation on the two prompt sets (float32), bf16 lever sets with fused_norm
