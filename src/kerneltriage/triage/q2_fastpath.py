@@ -99,13 +99,18 @@ def sweep_holes(curve: SweepCurve) -> list[dict[str, Any]]:
     return holes
 
 
+def _decode_share(curve: SweepCurve, decode_shares: Mapping[str, float]) -> float:
+    """The share of decode spent in the projections this curve stands for (e.g. q_proj/o_proj: both)."""
+    return sum(decode_shares.get(CLASS_OF_LINEAR.get(name, name), 0.0) for name in curve.name.split("/"))
+
+
 def sweep_finding(curve: SweepCurve, decode_shares: Mapping[str, float], reliable: bool) -> Finding | None:
     """One projection shape with a hole in its tuning grid: what verifying at that row count costs extra."""
     holes = sweep_holes(curve)
     if not holes:
         return None
     worst = max(holes, key=lambda hole: hole["ratio"])
-    share = sum(decode_shares.get(CLASS_OF_LINEAR.get(name, name), 0.0) for name in curve.name.split("/"))
+    share = _decode_share(curve, decode_shares)
     return Finding(
         QUESTION, f"m-sweep-{curve.name}",
         f"{curve.name} ({curve.k}→{curve.n}): per-call cost {worst['kind']} at M={worst['rows']} "
@@ -127,7 +132,7 @@ def gemv_bandwidth_finding(curve: SweepCurve, decode_shares: Mapping[str, float]
     fraction = curve.bandwidth() / copy_bandwidth
     if fraction >= GEMV_BANDWIDTH_MIN:
         return None
-    share = sum(decode_shares.get(CLASS_OF_LINEAR.get(name, name), 0.0) for name in curve.name.split("/"))
+    share = _decode_share(curve, decode_shares)
     return Finding(
         QUESTION, f"gemv-bandwidth-{curve.name}",
         f"{curve.name} ({curve.k}→{curve.n}) at M=1 reads its weight at {curve.bandwidth() / 1e12:.2f} TB/s, "
