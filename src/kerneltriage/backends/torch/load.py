@@ -53,6 +53,22 @@ def load_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype)
     return model.eval().requires_grad_(False)
 
 
+def stock_copy(model: Model) -> Model:
+    """A stock Model with a copy of `model`'s weights, made on its device: none of the levers applied to `model`
+    (packed projections, replaced norms, attention functions, a runner's graphs) come along."""
+    weight = model.embed_tokens.weight
+    copy = Model(model.config, device="meta")
+    copy.tie_weights()
+    copy = copy.to_empty(device=weight.device).to(weight.dtype)
+    copy.tie_weights()
+    source = dict(model.named_parameters(remove_duplicate=False))
+    with torch.no_grad():
+        for name, target in copy.named_parameters(remove_duplicate=False):
+            target.copy_(source[name])
+        copy.inv_freq.copy_(model.inv_freq)
+    return copy.eval().requires_grad_(False)
+
+
 def _fill_from_checkpoint(model: Model, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     expected = set(params)

@@ -1,0 +1,41 @@
+"""Triage's lever A/B builds its candidate from a stock copy of the baseline's model."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from conftest import tiny_runner
+from kerneltriage.backends.torch.accelerate import apply_levers
+from kerneltriage.backends.torch.generate import generate_step
+from kerneltriage.engine.sampling import SamplingParams
+from kerneltriage.triage.measure import candidate_runner
+
+PROMPT = list(range(1, 17))
+
+
+class _Uncopyable:
+    """A step that, like a captured CUDA graph, cannot be deep-copied."""
+
+    def __init__(self, step) -> None:  # noqa: ANN001
+        self.step, self.lock = step, threading.Lock()
+
+    def __call__(self, *args: object) -> torch.Tensor:
+        return self.step(*args)
+
+
+def test_candidate_is_a_stock_copy_with_the_baseline_levers_plus_one() -> None:
+    runner = apply_levers(tiny_runner("qwen2"), ("packed_qkv", "fused_norm"))
+    runner.decode = _Uncopyable(runner.decode)  # the baseline's own step objects must not be copied
+    expected = list(generate_step(runner, PROMPT, SamplingParams(), 8))
+    before = dict(runner.counters)
+    candidate = candidate_runner(runner, "last_logits")
+    assert candidate.levers == ("packed_qkv", "fused_norm", "last_logits")
+    assert list(generate_step(candidate, PROMPT, SamplingParams(), 8)) == expected
+    assert dict(runner.counters) == before  # the copy's levers count for the copy, not the baseline
+    assert all(candidate.counters[lever] > 0 for lever in candidate.levers)
+    ours = {p.data_ptr() for p in runner.model.parameters()}
+    assert not ours & {p.data_ptr() for p in candidate.model.parameters()}  # weights copied, not shared
+    # packed once: each attention holds one packed q/k/v, as on the baseline
+    assert [n for n, _ in candidate.model.layers[0].self_attn.named_children()].count("packed_q_proj_k_proj_v_proj") == 1
