@@ -39,3 +39,15 @@ def test_candidate_is_a_stock_copy_with_the_baseline_levers_plus_one() -> None:
     assert not ours & {p.data_ptr() for p in candidate.model.parameters()}  # weights copied, not shared
     # packed once: each attention holds one packed q/k/v, as on the baseline
     assert [n for n, _ in candidate.model.layers[0].self_attn.named_children()].count("packed_q_proj_k_proj_v_proj") == 1
+
+
+def test_the_ab_runs_baseline_and_candidate_in_caches_of_one_size() -> None:
+    from kerneltriage.bench.workloads import Test
+    from kerneltriage.triage.measure import measure_lever
+
+    runner = tiny_runner("llama")
+    runner.reset_cache(100)  # left by an earlier, longer stage
+    test = Test("tg", 4, 0)
+    gain = measure_lever(runner, "last_logits", test, pairs=1, warmups=0)
+    assert gain.ran and gain.same_tokens
+    assert runner.model.cache.max_len == test.context_needed  # not the 100-slot cache of before

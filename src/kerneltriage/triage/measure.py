@@ -65,6 +65,10 @@ def measure_lever(runner: Any, lever: str, test: Any, pairs: int, warmups: int) 
     from kerneltriage.bench.equivalence import check_outputs
 
     candidate = candidate_runner(runner, lever)
+    # A's cache, sized by earlier stages, would outlive into the A/B: B allocates this test's size. A captured step
+    # under compile attends over its whole cache, so a bigger one is slower (on an H200, the default model's decode
+    # under compile + graphs ran 1.88× slower in a 576-slot cache than in a 17-slot one, and one_sync got the credit).
+    runner.model.cache = None
     try:
         a, b = _pairs(runner, candidate, test, pairs, warmups)
         ran = candidate.counters[lever] > 0
