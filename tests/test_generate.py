@@ -111,11 +111,50 @@ def test_live_compiled_runners_do_not_share_one_compile_cache() -> None:
         runners.append(runner)
 
 
-def test_graphs_lever_refuses_cpu() -> None:
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_flex_decoding_keeps_greedy_output(arch: str) -> None:
+    """flex_decode's attention around eager FlexAttention (the lever compiles it, on CUDA only): decode steps
+    through it, the prompt through SDPA, the same greedy tokens."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from kerneltriage.backends.torch.accelerate import flex_decoding
+
+    plain = list(generate_step(tiny_runner(arch), [9, 10, 11, 12], GREEDY, 10))
+    runner = tiny_runner(arch)
+    runner.model.attention = flex_decoding(runner, flex_attention)
+    assert list(generate_step(runner, [9, 10, 11, 12], GREEDY, 10)) == plain
+    assert runner.counters["flex_decode"] == 2 * 9  # 2 layers × 9 decode steps; the prefill kept SDPA
+
+
+def test_flex_decode_masks_a_static_window_by_the_live_positions() -> None:
+    """Under graphs the cache hands attention a fixed window and a mask; flex_decode masks by the position tensor
+    instead, read at each call: one row (decode) and a verify's rows, with GQA, equal SDPA's masked attention."""
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from kerneltriage.backends.torch.accelerate import flex_decoding
+    from kerneltriage.backends.torch.cache import Positions
+    from kerneltriage.backends.torch.models.llama import sdpa_attention
+
+    runner = tiny_runner("llama")
+    runner.model.attention = flex_decoding(runner, flex_attention)
+    generator = torch.Generator().manual_seed(0)
+    k, v = (torch.randn(1, 2, 32, 16, generator=generator) for _ in range(2))  # a 32-slot window, 2 KV heads
+    for rows, start in ((1, 5), (1, 20), (3, 11)):
+        q = torch.randn(1, 4, rows, 16, generator=generator)
+        ids = torch.arange(start, start + rows)
+        pos = Positions(None, ids, torch.arange(32).unsqueeze(0) <= ids.unsqueeze(1))
+        assert torch.allclose(runner.model.attention(q, k, v, pos), sdpa_attention(q, k, v, pos), atol=1e-5)
+    assert runner.counters["flex_decode"] == 3
+
+
+def test_cuda_levers_refuse_cpu() -> None:
     from kerneltriage.backends.torch.accelerate import apply_levers
 
     with pytest.raises(InputError, match="CUDA"):
         apply_levers(tiny_runner("llama"), ("graphs",))
+    with pytest.raises(InputError, match="flex_decode: needs a CUDA device"):
+        apply_levers(tiny_runner("llama"), ("flex_decode",))
 
 
 def test_sdpa_pad_stays_off_where_a_kernel_takes_the_head_dim() -> None:

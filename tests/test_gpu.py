@@ -16,7 +16,8 @@ PROMPT = "List three facts about the Moon, one per line:\n1."
 LEVER_SETS = [("graphs",), ("compile=default", "graphs"), ("one_sync",), ("graphs", "one_sync"), ("packed_qkv", "packed_gate_up"),
               ("last_logits",), ("graphs", "one_sync", "packed_qkv", "packed_gate_up", "last_logits"),
               ("sdpa_backend=efficient",), ("sdpa_backend=math",), ("sdpa_fold",),
-              ("fused_norm", "compile=default", "graphs")]
+              ("fused_norm", "compile=default", "graphs"), ("flex_decode",), ("flex_decode", "graphs"),
+              ("packed_qkv", "packed_gate_up", "fused_norm", "flex_decode", "compile=default", "graphs")]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,8 @@ def test_lever_keeps_greedy_tokens_on_the_real_model(default_checkpoint, prompt,
         assert runner.counters[lever] > 0, lever
 
 
-@pytest.mark.parametrize("levers", [("graphs",), ("packed_qkv", "packed_gate_up", "compile=default", "graphs")],
+@pytest.mark.parametrize("levers", [("graphs",), ("packed_qkv", "packed_gate_up", "compile=default", "graphs"),
+                                    ("flex_decode", "graphs")],
                          ids=",".join)
 @pytest.mark.parametrize("spec", ["ngram", "selfdraft:15"])
 def test_graphed_speculation_keeps_greedy_tokens(default_checkpoint, prompt, plain_tokens, levers, spec) -> None:

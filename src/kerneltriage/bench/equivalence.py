@@ -23,10 +23,9 @@ DIGEST_PROMPT_TOKENS = 16  # … of this many tokens …
 DIGEST_TOKENS = 32  # … each continued by this many generated tokens
 DIGEST_SEED = WORKLOAD_SEED + 1
 # Levers that change the arithmetic, not only the schedule: other kernels (compile, a pinned SDPA backend,
-# graphs' masked attention over a fixed window) or other GEMM shapes (packed projections), so rounding differs.
-NUMERIC_LEVERS = frozenset(name for name in LEVERS
-                           if name.startswith(("compile=", "sdpa_")) or name in ("graphs", "packed_qkv",
-                                                                                 "packed_gate_up", "fused_norm"))
+# FlexAttention, graphs' masked attention over a fixed window) or other GEMM shapes (packed projections).
+NUMERIC_LEVERS = frozenset(name for name in LEVERS if name.startswith(("compile=", "sdpa_"))
+                           or name in ("graphs", "packed_qkv", "packed_gate_up", "fused_norm", "flex_decode"))
 # Where digests may differ, how far B's logits may be from the arithmetic both sides approximate, relative to
 # max |logit|. A float32 A is that arithmetic: B must stay within a few float32 rounding steps of it. A bf16 or
 # fp16 A already carries its own rounding error; B is judged against a float32 copy of the same weights and may

@@ -39,6 +39,8 @@ LEVERS: dict[str, Lever] = {
           for name in ("flash", "efficient", "cudnn", "math")),
         Lever("sdpa_fold", "fast-path", "decode attention with each KV head's query heads folded into one query "
                                         "block: no backend needs GQA support (efficient attention refuses it)"),
+        Lever("flex_decode", "fast-path", "decode attention through compiled FlexAttention, whose decoding kernel "
+                                          "splits the keys across the SMs (flash-decoding)"),
         Lever("sdpa_pad", "fast-path", "head_dim zero-padded to the nearest size a fused SDPA backend takes, when "
                                        "none takes the model's own"),
     )

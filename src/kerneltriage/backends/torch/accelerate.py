@@ -279,6 +279,46 @@ def sdpa_fold(runner: Runner) -> None:
     runner.model.attention = attention
 
 
+FLEX_MAX_ROWS = 16  # query rows per head FlexAttention's decoding kernel is chosen for (Inductor: under 128)
+
+
+def flex_decode(runner: Runner) -> None:
+    """fast-path: decode attention (one query row per head; a verify's few under a static cache) through compiled
+    FlexAttention, whose decoding kernel splits the keys across the SMs (flash-decoding). Masked SDPA at batch 1
+    runs one block per KV head, each scanning the whole window alone: on an H200 the default model's best set
+    spends ~0.9 ms per token per 512 positions of context there. Prefill keeps SDPA. CUDA only: Inductor's CPU
+    FlexAttention template (torch 2.13) returns wrong rows at some key lengths (8, 24, 40, … under dynamic shapes)
+    and ignores a view's storage offset (every layer of the cache would read layer 0)."""
+    if runner.device.type != "cuda":
+        raise InputError(f"--levers flex_decode: needs a CUDA device, not {runner.device} (Inductor's CPU "
+                         "FlexAttention kernel is not exact)")
+    from torch.nn.attention.flex_attention import flex_attention
+
+    # compiled for eager callers (graphs alone); a compiled step inlines it into its own graph
+    runner.model.attention = flex_decoding(runner, torch.compile(_own_code(flex_attention), fullgraph=True))
+
+
+def flex_decoding(runner: Runner, flex: Callable) -> Callable:
+    """The attention function of `flex_decode` around `flex` (FlexAttention, compiled or not). A static cache's
+    mask becomes a score_mod that reads the live positions, so a captured graph stays right as they move."""
+    inner = runner.model.attention
+
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos) -> torch.Tensor:  # noqa: ANN001
+        if q.shape[2] > (1 if pos.mask is None else FLEX_MAX_ROWS):
+            return inner(q, k, v, pos)
+        _ran(runner, "flex_decode")
+        if pos.mask is None:  # one new token over exactly the keys so far
+            return flex(q, k, v, enable_gqa=True)
+        ids = pos.ids  # (T,) positions of the new rows: row i sees keys ≤ ids[i]
+
+        def visible(score: torch.Tensor, b, h, row, key) -> torch.Tensor:  # noqa: ANN001
+            return torch.where(key <= ids[row], score, -float("inf"))
+
+        return flex(q, k, v, score_mod=visible, enable_gqa=True)
+
+    return attention
+
+
 PAD_STEP, PAD_LIMIT = 8, 512  # fused SDPA kernels take head_dims in multiples of 8; no point padding past 512
 
 
@@ -335,7 +375,7 @@ COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 # graphs (which captures what came before).
 APPLY: dict[str, Callable[[Runner], None]] = {
     "packed_qkv": packed_qkv, "packed_gate_up": packed_gate_up, "fused_norm": fused_norm,
-    "sdpa_fold": sdpa_fold, "sdpa_pad": sdpa_pad,
+    "sdpa_fold": sdpa_fold, "sdpa_pad": sdpa_pad, "flex_decode": flex_decode,
     **{f"sdpa_backend={name}": functools.partial(sdpa_backend, backend=name) for name in SDPA_BACKENDS},
     **{f"compile={mode}": functools.partial(compile_steps, mode=mode) for mode in COMPILE_MODES},
     "graphs": graphs, "one_sync": one_sync, "last_logits": last_logits,
