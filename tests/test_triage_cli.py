@@ -52,6 +52,8 @@ def test_json_html_and_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert any("graphs: not measured" in note for note in report["notes"])
     assert len(report["headlines"]) == 6 and set(report["answers"]) == {"delete", "fast-path", "dispatch"}
     assert report["gates"][0]["default"].endswith("(cpu)") and report["sweep"][0]["timer"] == "cpu clock"
+    context = report["context"]  # tg8 at depth 0 and as deep as the tiny model's context allows
+    assert context["depth"] + context["tokens"] <= 128 and context["shallow_seconds"] > 0
     text = page.read_text()
     assert text.count("<img") >= 3 and "where time goes" in text
     assert not list(tmp_path.glob(".report.html-*"))  # the temporary file was renamed, not left behind

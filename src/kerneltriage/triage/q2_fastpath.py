@@ -1,5 +1,5 @@
 """Question 2 — can I unlock an existing fast path? Findings from the SDPA gate table, the M-sweep of
-every projection, and the op census (casts, non-contiguous copies, ops left on the CPU).
+every projection, decode's cost of context, and the op census (casts, non-contiguous copies, ops left on the CPU).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from kerneltriage.triage.finding import Finding
 if TYPE_CHECKING:
     from kerneltriage.backends.torch.gates import GateRow, SdpaCall
     from kerneltriage.backends.torch.msweep import SweepCurve
+    from kerneltriage.triage.context import ContextCost
 
 QUESTION = "fast-path"
 FASTER_BACKEND_MARGIN = 0.10  # an alternative this much faster per call than the default is a missed gate
@@ -22,6 +23,8 @@ NON_MONOTONE_TOLERANCE = 0.15  # fewer rows costing this much more than some lar
 GEMV_BANDWIDTH_MIN = 0.70  # a projection at M = 1 reading its weight below this fraction of copy bandwidth …
 GEMV_BANDWIDTH_TARGET = 0.90  # … could reach about this (the large stock GEMVs do on an H200)
 GEMV_MIN_BYTES = 16e6  # smaller weights are judged by launch cost and L2, not by bandwidth: no claim
+CONTEXT_SHARE_MIN = 0.10  # context cost below this share of a deep decode token is not worth a finding …
+KV_BANDWIDTH_MIN = 0.25  # … nor is attention reading the cache at this fraction of copy bandwidth or more
 COPIES_SHARE_MIN = 0.02  # copies/casts below this share of a phase are not worth a finding
 MAX_SHARE = 0.999  # keeps an Amdahl bound finite when a share rounds to the whole step
 CLASS_OF_LINEAR = {"lm_head": "output projection"}
@@ -143,6 +146,29 @@ def gemv_bandwidth_finding(curve: SweepCurve, decode_shares: Mapping[str, float]
         "a hand GEMV is a kernel question — judge it with ab", "decode")
 
 
+def context_finding(cost: ContextCost, copy_bandwidth: float | None, gpu: bool,
+                    levers: Sequence[str]) -> Finding | None:
+    """Decode slowing with context far beyond what reading K and V at copy bandwidth explains: the decode
+    attention kernel does not use the device (at batch 1, masked SDPA runs one block per KV head)."""
+    bandwidth = cost.read_bandwidth
+    if not copy_bandwidth or bandwidth is None or cost.share < CONTEXT_SHARE_MIN:
+        return None
+    fraction = bandwidth / copy_bandwidth
+    if fraction >= KV_BANDWIDTH_MIN:
+        return None
+    at_copy = cost.shallow_seconds + cost.kv_bytes_per_position * cost.depth / copy_bandwidth
+    lever = "flex_decode" if gpu and "flex_decode" in LEVERS and "flex_decode" not in levers else None
+    fix = ("a split-KV decode attention (flash-decoding) spreads the keys over the device: --levers flex_decode"
+           if lever else "a decode attention kernel that splits the keys across the device (flash-decoding)")
+    return Finding(
+        QUESTION, "context-attention",
+        f"decode at depth {cost.depth} is {cost.extra_seconds * 1e3:.2f} ms/token slower than at depth 0: the KV "
+        f"cache read at {bandwidth / 1e9:.0f} GB/s ({fraction:.1%} of copy bandwidth), {cost.share:.0%} of each "
+        "token there",
+        {"context": cost.to_dict(), "fraction": fraction}, cost.deep_seconds / at_copy, None,
+        "estimated" if gpu else "low", fix, "decode", lever=lever)
+
+
 def copies_finding(phase: str, census: Mapping[str, Any], share: float) -> Finding | None:
     """Casts and non-contiguous copies that take a measurable share of a phase."""
     count = census.get("casts", 0) + census.get("strided_copies", 0)
@@ -169,13 +195,17 @@ def cpu_ops_finding(census: Mapping[str, Any], gpu: bool) -> Finding | None:
 
 def analyze(gate_rows: Sequence[GateRow], curves: Sequence[SweepCurve], census: Mapping[str, Mapping[str, Any]],
             shares: Mapping[str, Mapping[str, float]], step_seconds: Mapping[str, float], gpu: bool,
-            copy_bandwidth: float | None = None) -> list[Finding]:
-    """Every Q2 finding: attention gates, M-sweep holes and GEMV bandwidth, copies/casts and CPU ops."""
+            copy_bandwidth: float | None = None, context: ContextCost | None = None,
+            levers: Sequence[str] = ()) -> list[Finding]:
+    """Every Q2 finding: attention gates, M-sweep holes and GEMV bandwidth, decode's cost of context,
+    copies/casts and CPU ops."""
     found: list[Finding | None] = []
     for row in gate_rows:
         found += [math_fallback(row, step_seconds[row.phase]), slower_default(row, step_seconds[row.phase])]
     found += [sweep_finding(curve, shares["decode"], gpu) for curve in curves]
     found += [gemv_bandwidth_finding(curve, shares["decode"], copy_bandwidth) for curve in curves]
+    if context is not None:
+        found.append(context_finding(context, copy_bandwidth, gpu, levers))
     found += [copies_finding(phase, census[phase], shares[phase].get("copies/casts", 0.0)) for phase in census]
     found.append(cpu_ops_finding(census.get("decode", {}), gpu))
     return [f for f in found if f is not None]

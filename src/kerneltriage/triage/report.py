@@ -71,6 +71,7 @@ class Report:
     levers: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    context: dict[str, Any] = field(default_factory=dict)  # decode's cost of context (triage/context.py)
     experiment_id: int | None = None
 
     def outlook(self) -> dict[str, list[amdahl.Outlook]]:
@@ -137,7 +138,8 @@ class Report:
             "findings": [f.to_dict() for f in self.findings],
             "recommendations": [f.code for f in self.recommendations()],
             "outlook": {phase: [o.to_dict() for o in rows] for phase, rows in self.outlook().items()},
-            "gates": self.gates, "sweep": self.sweep, "census": self.census, "levers": self.levers,
+            "gates": self.gates, "sweep": self.sweep, "context": self.context, "census": self.census,
+            "levers": self.levers,
             "notes": self.notes, "stage_seconds": self.stage_seconds, "experiment_id": self.experiment_id,
         })
 

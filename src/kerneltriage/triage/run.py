@@ -17,6 +17,7 @@ from kerneltriage.core.errors import InputError
 from kerneltriage.engine.levers import LEVERS
 from kerneltriage.triage import amdahl, q1_delete, q2_fastpath, q3_dispatch
 from kerneltriage.triage.breakdown import from_profile
+from kerneltriage.triage.context import ContextCost, measure_context
 from kerneltriage.triage.finding import Finding
 from kerneltriage.triage.measure import LeverGain, measure_lever
 from kerneltriage.triage.report import Report
@@ -52,6 +53,7 @@ class _State:
     findings: list[Finding] = field(default_factory=list)
     gates: list = field(default_factory=list)
     sweep: list = field(default_factory=list)
+    context: ContextCost | None = None
     gains: dict[str, LeverGain] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -130,10 +132,13 @@ def stage_fastpath(state: _State) -> None:
     if not state.gpu:
         state.notes.append("SDPA on the CPU: torch's CPU kernels, reported without timing claims")
     state.sweep = msweep.m_sweep(state.runner.model, device, sweep_rows(state.spec))
+    budget = state.budget
+    depth = min(budget.context_depth, state.runner.config.max_context - budget.lever_tokens)
+    state.context = measure_context(state.runner, depth, budget.lever_tokens, budget.repeats, budget.warmups)
     b = state.breakdown
     state.findings += q2_fastpath.analyze(state.gates, state.sweep, state.census,
                                           {p: b[p].shares for p in b}, {p: b[p].step_seconds for p in b}, state.gpu,
-                                          state.setup["ceilings"]["bandwidth"])
+                                          state.setup["ceilings"]["bandwidth"], state.context, state.runner.levers)
 
 
 def sweep_rows(spec: str | None) -> tuple[int, ...] | None:
@@ -192,7 +197,8 @@ def triage(runner: Any, workload: Workload, spec: str | None = None, progress: P
         report = Report(config, state.setup, state.breakdown, state.findings,
                         [g.to_dict() for g in state.gates],
                         [c.to_dict() | {"holes": q2_fastpath.sweep_holes(c)} for c in state.sweep], state.census,
-                        {name: gain.to_dict() for name, gain in state.gains.items()}, state.notes, seconds)
+                        {name: gain.to_dict() for name, gain in state.gains.items()}, state.notes, seconds,
+                        state.context.to_dict() if state.context else {})
         if exp is not None:
             _record(exp, report, state.measured)
     report.experiment_id = None if exp is None else exp.id

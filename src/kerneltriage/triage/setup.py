@@ -50,13 +50,14 @@ class Budget:
     lever_prompt: int  # prompt tokens per prefill lever sample, at most
     census_prompt: int  # prompt tokens of the op census's prefill
     census_tokens: int  # decode tokens under the op census
+    context_depth: int  # decode's cost of context is timed from this depth against depth 0
 
 
 # The CPU budget keeps triage of the default model inside 5 minutes on 2 cores; CUDA's inside 60 s on an H200.
 # On the H200 (2026-11-29) eager decode is host-bound at ~21 ms/token for both the default model and 8B, and
 # triage took > 90 s with 3 setup repeats and 3 pairs of tg64 per lever; 2 repeats and 2 pairs of tg16 are
 # predicted at ~45 s for the default model (GPU ratios are tight enough for 16 tokens).
-BUDGETS = {"cuda": Budget(2, 1, 8, 2, 16, 4096, 16, 4), "cpu": Budget(1, 0, 4, 2, 8, 128, 16, 2)}
+BUDGETS = {"cuda": Budget(2, 1, 8, 2, 16, 4096, 16, 4, 2048), "cpu": Budget(1, 0, 4, 2, 8, 128, 16, 2, 512)}
 
 
 def budget_for(device: Any) -> Budget:
