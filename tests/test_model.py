@@ -95,3 +95,16 @@ def test_preset_weights_are_deterministic() -> None:
     for (name, pa), (_, pb) in zip(a.model.named_parameters(), b.model.named_parameters()):
         assert torch.equal(pa, pb), name
     assert a.model.lm_head.weight is a.model.embed_tokens.weight  # tied
+
+
+def test_rope_frequencies_stay_float32_in_a_bf16_model() -> None:
+    """Cast with the weights, bf16 frequencies were off by up to 0.4%: radians of angle by position 2048."""
+    from kerneltriage.backends.torch.load import load_model
+    from kerneltriage.backends.torch.models.llama import rope_inv_freq
+    from kerneltriage.engine.tokenizer import Tokenizer
+
+    config = tiny_config("llama")
+    checkpoint = Checkpoint(config, {}, Tokenizer.synthetic(config.vocab_size), source=config.name)
+    model = load_model(checkpoint, torch.device("cpu"), torch.bfloat16)
+    assert model.lm_head.weight.dtype == model.norm.weight.dtype == torch.bfloat16
+    assert model.inv_freq.dtype == torch.float32 and torch.equal(model.inv_freq, rope_inv_freq(config))

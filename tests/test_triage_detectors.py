@@ -202,22 +202,27 @@ def test_context_attention_detector() -> None:
     copy, per_position = 4.2e12, 2 * 30 * 3 * 64 * 2  # the default model's K and V per position, bf16
     # the H200's best set: 1.28 ms/token at depth 0, 4.55 at 2048 — the cache read at ~14 GB/s
     slow = ContextCost(2048, 16, 1.28e-3, 4.55e-3, per_position)
-    finding = q2_fastpath.context_finding(slow, copy, gpu=True, levers=("graphs",))
-    assert finding is not None and finding.lever == "flex_decode" and finding.confidence == "estimated"
-    assert finding.evidence["fraction"] == pytest.approx(per_position * 2048 / 3.27e-3 / copy)
-    assert finding.estimated_gain == pytest.approx(4.55e-3 / (1.28e-3 + per_position * 2048 / copy))
-    assert "72% of each token" in finding.title
-    on = q2_fastpath.context_finding(slow, copy, gpu=True, levers=("flex_decode",))
+    deep = q2_fastpath.context_finding(slow, 2080, copy, gpu=True, levers=("graphs",))
+    assert deep is not None and deep.lever == "flex_decode" and deep.confidence == "estimated"
+    assert deep.evidence["fraction"] == pytest.approx(per_position * 2048 / 3.27e-3 / copy)
+    now, fast = 1.28e-3 + 2080 * 3.27e-3 / 2048, 1.28e-3 + 2080 * per_position / (0.9 * copy)
+    assert deep.estimated_gain == pytest.approx(now / fast)  # ~3.5× for a workload decoding at depth 2048
+    assert "72% of each token" in deep.title
+    shallow = q2_fastpath.context_finding(slow, 33, copy, gpu=True, levers=())  # a workload at depth 0
+    assert shallow is not None and 1.0 < shallow.estimated_gain < 1.05
+    on = q2_fastpath.context_finding(slow, 2080, copy, gpu=True, levers=("flex_decode",))
     assert on is not None and on.lever is None  # the lever is on already: the finding stays, without it
-    cpu = q2_fastpath.context_finding(slow, copy, gpu=False, levers=())
+    cpu = q2_fastpath.context_finding(slow, 2080, copy, gpu=False, levers=())
     assert cpu is not None and cpu.lever is None and cpu.confidence == "low"
     small = ContextCost(2048, 16, 4.2e-3, 4.55e-3, per_position)  # 8% of a token
-    assert q2_fastpath.context_finding(small, copy, gpu=True, levers=()) is None
-    bandwidth_bound = ContextCost(2048, 16, 1.28e-3, 1.28e-3 + per_position * 2048 / (0.5 * copy), per_position)
-    assert q2_fastpath.context_finding(bandwidth_bound, copy, gpu=True, levers=()) is None
+    assert q2_fastpath.context_finding(small, 2080, copy, gpu=True, levers=()) is None
+    # half of each token, but the cache read at half the copy bandwidth: the kernel is fine
+    bandwidth_bound = ContextCost(2048, 16, 1e-5, 1e-5 + per_position * 2048 / (0.5 * copy), per_position)
+    assert bandwidth_bound.share > 0.5
+    assert q2_fastpath.context_finding(bandwidth_bound, 2080, copy, gpu=True, levers=()) is None
     flat = ContextCost(2048, 16, 1.3e-3, 1.28e-3, per_position)  # noise: deeper measured faster
     assert flat.read_bandwidth is None and flat.share == 0.0
-    assert q2_fastpath.context_finding(flat, copy, gpu=True, levers=()) is None
+    assert q2_fastpath.context_finding(flat, 2080, copy, gpu=True, levers=()) is None
 
 
 def test_m_sweep_stall_and_non_monotone_from_fake_tables() -> None:

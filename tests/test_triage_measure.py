@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
-from conftest import tiny_runner
+from conftest import ARCHS, tiny_runner
 from kerneltriage.backends.torch.accelerate import apply_levers
 from kerneltriage.backends.torch.generate import generate_step
 from kerneltriage.engine.sampling import SamplingParams
@@ -51,3 +52,23 @@ def test_the_ab_runs_baseline_and_candidate_in_caches_of_one_size() -> None:
     gain = measure_lever(runner, "last_logits", test, pairs=1, warmups=0)
     assert gain.ran and gain.same_tokens
     assert runner.model.cache.max_len == test.context_needed  # not the 100-slot cache of before
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_stock_copy_copies_every_weight_and_no_lever(arch: str) -> None:
+    from kerneltriage.backends.torch.load import stock_copy
+    from kerneltriage.backends.torch.models.llama import sdpa_attention
+
+    runner = tiny_runner(arch)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # every weight distinct (the presets' biases are 0 and norms 1: a swap would not show)
+        for parameter in runner.model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator))
+    apply_levers(runner, ("packed_qkv", "packed_gate_up", "fused_norm"))
+    copy = stock_copy(runner.model)
+    source = dict(runner.model.named_parameters(remove_duplicate=False))
+    copied = dict(copy.named_parameters(remove_duplicate=False))
+    assert copied and all(torch.equal(p, source[name]) for name, p in copied.items())
+    assert torch.equal(copy.inv_freq, runner.model.inv_freq) and copy.inv_freq.dtype == torch.float32
+    assert (copy.lm_head.weight is copy.embed_tokens.weight) == runner.config.tie_embeddings
+    assert copy.attention is sdpa_attention and not any("packed" in name for name in copied)

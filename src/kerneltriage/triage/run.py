@@ -32,6 +32,7 @@ NOT_MEASURED = {name: "compile warm-up (~1 min) is beyond triage's budget: measu
                 for name in LEVERS if name.startswith("compile=")}
 Progress = Callable[[int, str], None]
 FULL_ROOFLINE_PCT = 100.0
+CONTEXT_DEPTH_MIN = 64  # shallower, decode's cost of context is within the noise of a short decode
 
 
 @dataclass
@@ -133,12 +134,17 @@ def stage_fastpath(state: _State) -> None:
         state.notes.append("SDPA on the CPU: torch's CPU kernels, reported without timing claims")
     state.sweep = msweep.m_sweep(state.runner.model, device, sweep_rows(state.spec))
     budget = state.budget
-    depth = min(budget.context_depth, state.runner.config.max_context - budget.lever_tokens)
-    state.context = measure_context(state.runner, depth, budget.lever_tokens, budget.repeats, budget.warmups)
+    deepest = min(budget.context_depth, state.runner.config.max_context - budget.lever_tokens)
+    if deepest >= CONTEXT_DEPTH_MIN:
+        state.context = measure_context(state.runner, deepest, budget.lever_tokens, budget.repeats, budget.warmups)
+    else:
+        state.notes.append(f"decode's cost of context: not measured — a context of "
+                           f"{state.runner.config.max_context} leaves no depth of {CONTEXT_DEPTH_MIN} to time")
     b = state.breakdown
     state.findings += q2_fastpath.analyze(state.gates, state.sweep, state.census,
                                           {p: b[p].shares for p in b}, {p: b[p].step_seconds for p in b}, state.gpu,
-                                          state.setup["ceilings"]["bandwidth"], state.context, state.runner.levers)
+                                          state.setup["ceilings"]["bandwidth"], state.context, depth,
+                                          state.runner.levers)
 
 
 def sweep_rows(spec: str | None) -> tuple[int, ...] | None:

@@ -286,7 +286,8 @@ def flex_decode(runner: Runner) -> None:
     """fast-path: decode attention (one query row per head; a verify's few under a static cache) through compiled
     FlexAttention, whose decoding kernel splits the keys across the SMs (flash-decoding). Masked SDPA at batch 1
     runs one block per KV head, each scanning the whole window alone: on an H200 the default model's best set
-    spends ~0.9 ms per token per 512 positions of context there. Prefill keeps SDPA. CUDA only: Inductor's CPU
+    spends ~0.9 ms per token per 512 positions of context there. Prompts keep SDPA (but a one-token prompt,
+    which is a decode step's shape). CUDA only: Inductor's CPU
     FlexAttention template (torch 2.13) returns wrong rows at some key lengths (8, 24, 40, … under dynamic shapes)
     and ignores a view's storage offset (every layer of the cache would read layer 0)."""
     if runner.device.type != "cuda":

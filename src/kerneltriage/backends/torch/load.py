@@ -10,6 +10,7 @@ from kerneltriage.backends.torch.dequant import dequantize
 from kerneltriage.backends.torch.models.llama import Model, RMSNorm, rope_inv_freq
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.checkpoint import Checkpoint
+from kerneltriage.engine.config import ModelConfig
 from kerneltriage.engine.presets import PRESET_SEED
 
 # internal layer suffix → attribute path inside a TransformerBlock
@@ -39,10 +40,7 @@ def param_name(internal: str) -> str | None:
 def load_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Model:
     """A ready Model on `device` in `dtype` (norm weights too), weights tied where the config says so."""
     config = checkpoint.config
-    model = Model(config, device="meta")
-    model.tie_weights()
-    model = model.to_empty(device=device).to(dtype)
-    model.tie_weights()
+    model = _skeleton(config, device, dtype)
     if config.random_weights:
         _fill_random(model, device)
     else:
@@ -57,16 +55,25 @@ def stock_copy(model: Model) -> Model:
     """A stock Model with a copy of `model`'s weights, made on its device: none of the levers applied to `model`
     (packed projections, replaced norms, attention functions, a runner's graphs) come along."""
     weight = model.embed_tokens.weight
-    copy = Model(model.config, device="meta")
-    copy.tie_weights()
-    copy = copy.to_empty(device=weight.device).to(weight.dtype)
-    copy.tie_weights()
+    copy = _skeleton(model.config, weight.device, weight.dtype)
     source = dict(model.named_parameters(remove_duplicate=False))
     with torch.no_grad():
         for name, target in copy.named_parameters(remove_duplicate=False):
             target.copy_(source[name])
         copy.inv_freq.copy_(model.inv_freq)
     return copy.eval().requires_grad_(False)
+
+
+def _skeleton(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> Model:
+    """An unfilled Model on `device`: parameters allocated in `dtype` only (cast while still on meta, so no
+    float32 copy ever exists on the device), tied where the config says so, RoPE frequencies kept in float32 (in
+    bf16 they are off by 0.4%: 8 rad of angle at position 2048)."""
+    model = Model(config, device="meta").to(dtype)
+    model.tie_weights()
+    model = model.to_empty(device=device)
+    model.tie_weights()
+    model.inv_freq = torch.empty(config.head_dim // 2, dtype=torch.float32, device=device)
+    return model
 
 
 def _fill_from_checkpoint(model: Model, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> None:
