@@ -1,13 +1,13 @@
-"""Shared fixtures: tiny random models of every architecture, and the real default model."""
+"""Shared fixtures: tiny models of every architecture whose greedy text varies, and the real default model."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
-import torch
 
-from kerneltriage.engine.checkpoint import Checkpoint
+from kerneltriage.engine.checkpoint import Checkpoint, RawTensor
 from kerneltriage.engine.config import ModelConfig, RopeScaling
 
 ARCHS = ("llama", "qwen2", "qwen3")
@@ -19,7 +19,7 @@ def tiny_config(arch: str, **changes: object) -> ModelConfig:
         arch=arch, vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
         num_kv_heads=2, head_dim=16, max_context=128, rope_theta=10000.0, rms_eps=1e-6,
         tie_embeddings=arch != "llama", attention_bias=arch == "qwen2", qk_norm=arch == "qwen3",
-        eos_token_ids=(), name=f"tiny-{arch}", random_weights=True,
+        eos_token_ids=(), name=f"tiny-{arch}", random_weights=False,
     )
     if arch == "llama":
         base["rope_scaling"] = RopeScaling(4.0, 1.0, 4.0, 32)
@@ -29,13 +29,47 @@ def tiny_config(arch: str, **changes: object) -> ModelConfig:
     return ModelConfig(**base)
 
 
-def tiny_runner(arch: str, **changes: object):
-    from kerneltriage.backends.torch.runner import build_runner
+WEIGHT_STD = 0.3  # large: the stock N(0, 0.02) init mostly repeats one token, and an equality test needs variety
+
+
+def tiny_tensors(config: ModelConfig, seed: int = 0) -> dict[str, RawTensor]:
+    """Every weight of a `config` model as float32 tensors: matrices N(0, 0.3), norms near 1, biases small."""
+    rng = np.random.default_rng(seed)
+    h, q, kv, d = config.hidden_size, config.q_size, config.kv_size, config.head_dim
+
+    def tensor(*shape: int, scale: float = WEIGHT_STD, center: float = 0.0) -> RawTensor:
+        return RawTensor("F32", shape, (center + scale * rng.standard_normal(shape)).astype(np.float32))
+
+    tensors = {"embed": tensor(config.vocab_size, h), "norm": tensor(h, scale=0.1, center=1.0)}
+    if not config.tie_embeddings:
+        tensors["lm_head"] = tensor(config.vocab_size, h)
+    for i in range(config.num_layers):
+        layer = {"attn_norm": tensor(h, scale=0.1, center=1.0), "mlp_norm": tensor(h, scale=0.1, center=1.0),
+                 "q": tensor(q, h), "k": tensor(kv, h), "v": tensor(kv, h), "o": tensor(h, q),
+                 "gate": tensor(config.intermediate_size, h), "up": tensor(config.intermediate_size, h),
+                 "down": tensor(h, config.intermediate_size)}
+        if config.attention_bias:
+            layer |= {"q_bias": tensor(q, scale=0.1), "k_bias": tensor(kv, scale=0.1), "v_bias": tensor(kv, scale=0.1)}
+        if config.qk_norm:
+            layer |= {"q_norm": tensor(d, scale=0.1, center=1.0), "k_norm": tensor(d, scale=0.1, center=1.0)}
+        tensors |= {f"layers.{i}.{name}": t for name, t in layer.items()}
+    return tensors
+
+
+def tiny_checkpoint(arch: str = "llama", seed: int = 0, **changes: object) -> Checkpoint:
+    """A tiny `arch` model with explicit weights (not a preset: digests must match exactly across levers)."""
     from kerneltriage.engine.tokenizer import Tokenizer
 
     config = tiny_config(arch, **changes)
-    checkpoint = Checkpoint(config, {}, Tokenizer.synthetic(config.vocab_size), source=config.name)
-    return build_runner(checkpoint, torch.device("cpu"), torch.float32)
+    return Checkpoint(config, tiny_tensors(config, seed), Tokenizer.synthetic(config.vocab_size), source=config.name)
+
+
+def tiny_runner(arch: str, levers: str = "", dtype: str = "float32", **changes: object):
+    """A torch runner of a tiny `arch` model on the CPU with `levers` (an --levers string) applied."""
+    from kerneltriage.backends.torch.backend import BACKEND
+    from kerneltriage.engine.configuration import RunConfig
+
+    return BACKEND.build(tiny_checkpoint(arch, **changes), RunConfig.from_flags(levers), "cpu", dtype)
 
 
 @pytest.fixture(scope="session")

@@ -19,14 +19,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, NamedTuple, Protocol, Sequence
+from typing import Callable, NamedTuple, Protocol, Sequence
 
-import torch
-
-from kerneltriage.backends.torch import timing
-from kerneltriage.backends.torch.runner import Runner
-from kerneltriage.backends.torch.sampling import sample
 from kerneltriage.bench.workloads import WORKLOAD_SEED, Test, Tokens, tokens_for
+from kerneltriage.engine.backend import Runner
 from kerneltriage.core.environment import Snapshot, take_snapshot
 from kerneltriage.core.measurement import Measurement, MeasurementSpec
 from kerneltriage.engine.sampling import SamplingParams
@@ -89,49 +85,46 @@ class Engine(Protocol):
     def prepare(self, test: Test, tokens: Tokens) -> Callable[[], Sample]:
         """Untimed setup for `test` (e.g. fill the cache to its depth); returns one timed sample's function."""
 
-    def peak_memory(self, transient: int | None) -> int | None:
-        """Peak bytes: what the engine holds plus `transient`, the CUDA peak above it during its warm-ups."""
+    def start_memory(self) -> None:
+        """Mark the memory in use now: the warm-ups' peak is read against it."""
+
+    def peak_memory(self) -> int | None:
+        """Peak bytes during the warm-ups since `start_memory`: what the engine holds plus its transient peak
+        (None where the engine cannot tell)."""
 
     def close(self) -> None:
         """Free what the engine holds."""
 
 
 def run_interleaved(engines: Sequence[Engine], test: Test, tokens: Tokens, settings: Settings,
-                    device: torch.device, progress: Progress | None = None) -> list[TestResult]:
+                    gpu: int | None, progress: Progress | None = None) -> list[TestResult]:
     """`test` on every engine, all fed `tokens`: each engine's warm-ups apart (its peak memory is read
     there), then the timed samples interleaved A B, B A, A B … so drift in the machine's load hits every
     engine alike and their ratio stays fair on a shared machine."""
     runs = [(e, e.prepare(test, tokens)) for e in engines]
     warm, peaks = {}, {}
     for engine, run_sample in runs:
-        warm[engine.name], peaks[engine.name] = _warm_up(engine, run_sample, settings, device, progress, test)
-    start = take_snapshot(device.index or 0)
+        warm[engine.name], peaks[engine.name] = _warm_up(engine, run_sample, settings, progress, test)
+    start = take_snapshot(gpu or 0)
     timed: dict[str, list[Sample]] = {e.name: [] for e in engines}
     for i in range(settings.repeats):
         shift = i % len(runs)
         for engine, run_sample in runs[shift:] + runs[:shift]:
             timed[engine.name].append(run_sample())
             _tell(progress, f"{engine.name} {test.name} sample {i + 1}/{settings.repeats}")
-    end = take_snapshot(device.index or 0)
+    end = take_snapshot(gpu or 0)
     return [build_result(e.name, test, warm[e.name], timed[e.name], (start, end), peaks[e.name], e.params)
             for e in engines]
 
 
-def _warm_up(engine: Engine, run_sample: Callable[[], Sample], settings: Settings, device: torch.device,
-             progress: Progress | None, test: Test) -> tuple[list[Sample], int | None]:
-    cuda = device.type == "cuda"
-    if cuda:
-        timing.synchronize(device)
-        timing.reset_peak_memory(device)
-        before = torch.cuda.memory_allocated(device)
+def _warm_up(engine: Engine, run_sample: Callable[[], Sample], settings: Settings, progress: Progress | None,
+             test: Test) -> tuple[list[Sample], int | None]:
+    engine.start_memory()
     warm = []
     for i in range(settings.warmups):
         warm.append(run_sample())
         _tell(progress, f"{engine.name} {test.name} warm-up {i + 1}/{settings.warmups}")
-    if cuda and not warm:
-        return warm, None  # nothing ran alone: no peak of its own to read
-    transient = torch.cuda.max_memory_allocated(device) - before if cuda else None
-    return warm, engine.peak_memory(transient)
+    return warm, engine.peak_memory() if warm else None  # nothing ran alone: no peak of its own to read
 
 
 def _tell(progress: Progress | None, what: str) -> None:
@@ -155,46 +148,31 @@ def build_result(engine: str, test: Test, warm: Sequence[Sample], timed: Sequenc
     return TestResult(engine, test, timed_phase, first, peak_memory, timed[0].tokens)
 
 
-def _tensor(runner: Runner, tokens: Iterable[int]) -> torch.Tensor:
-    return torch.tensor([list(tokens)], dtype=torch.long, device=runner.device)  # (1, T)
-
-
-@torch.inference_mode()
-def _prefill_sample(runner: Runner, tokens: Tokens) -> Sample:
+def prefill_sample(runner: Runner, tokens: Tokens) -> Sample:
     """Prefill N tokens after the cached prefix (trimmed back to it first)."""
     depth = len(tokens.prefix)
-    runner.model.cache.trim(depth)
-    prompt = _tensor(runner, tokens.prompt)
-    start = timing.synced_clock(runner.device)
-    logits = runner.prefill(runner.model, prompt, depth)  # (1, V)
-    prefilled = timing.synced_clock(runner.device)
-    int(sample(logits, GREEDY).item())  # the host reads the first token
+    runner.trim_cache(depth)
+    start = runner.clock()
+    logits = runner.prefill(tokens.prompt, depth)  # (1, V)
+    prefilled = runner.clock()
+    runner.greedy(logits)  # the host reads the first token
     return Sample(prefilled - start, time.perf_counter() - start)
 
 
-@torch.inference_mode()
-def _decode_sample(runner: Runner, tokens: Tokens, count: int) -> Sample:
+def decode_sample(runner: Runner, tokens: Tokens, count: int) -> Sample:
     """Prefill the prefix, then `count` decode steps through the runner's token loop."""
     runner.reset_cache(len(tokens.prefix) + count)
-    prefix = _tensor(runner, tokens.prefix)
-    start = timing.synced_clock(runner.device)
-    logits = runner.prefill(runner.model, prefix, 0)
-    loop = runner.decode_loop(runner, logits, len(tokens.prefix), count + 1, GREEDY, None)
+    start = runner.clock()
+    logits = runner.prefill(tokens.prefix, 0)
+    loop = runner.loop(logits, len(tokens.prefix), count + 1, runner.sampler(GREEDY, tokens.prefix))
     generated = [next(loop)]
     first = time.perf_counter()  # a host int: the work that made it is done (module docstring)
     generated += list(loop)
     end = time.perf_counter()
-    timing.synchronize(runner.device)  # nothing left queued for the next sample
+    runner.synchronize()  # nothing left queued for the next sample
     if len(generated) != count + 1:
         raise RuntimeError(f"token loop gave {len(generated)} tokens, expected {count + 1}")
     return Sample(end - first, first - start, tuple(generated))
-
-
-def resident_bytes(module: torch.nn.Module) -> int:
-    """Bytes of the storage behind a module's parameters and buffers (tied tensors and views once)."""
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                for t in (*module.parameters(), *module.buffers())}
-    return sum(storages.values())
 
 
 class KerneltriageEngine:
@@ -204,7 +182,8 @@ class KerneltriageEngine:
 
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
-        self.params = {"levers": list(runner.levers)}
+        self.params = {"levers": list(runner.run_config.lever_names)}
+        self.before = 0
 
     def supports(self, test: Test) -> str | None:
         return None
@@ -213,21 +192,22 @@ class KerneltriageEngine:
         runner = self.runner
         runner.reset_cache(test.context_needed)  # allocated now, so its bytes are held, not transient
         if test.kind == "tg":
-            return lambda: _decode_sample(runner, tokens, test.n)
+            return lambda: decode_sample(runner, tokens, test.n)
         if tokens.prefix:
-            with torch.inference_mode():
-                runner.prefill(runner.model, _tensor(runner, tokens.prefix), 0)  # the depth, untimed
-        return lambda: _prefill_sample(runner, tokens)
+            runner.prefill(tokens.prefix, 0)  # the depth, untimed
+        return lambda: prefill_sample(runner, tokens)
 
-    def peak_memory(self, transient: int | None) -> int | None:
-        """CUDA: weights + KV cache + the warm-ups' transient peak; CPU: the process's peak resident set."""
-        device = self.runner.device
-        if device.type != "cuda":
-            return timing.peak_memory_bytes(device)
-        if transient is None:
-            return None
-        cache = self.runner.model.cache
-        return resident_bytes(self.runner.model) + (0 if cache is None else cache.nbytes) + transient
+    def start_memory(self) -> None:
+        self.runner.synchronize()
+        self.runner.reset_peak_memory()
+        self.before = self.runner.peak_memory()
+
+    def peak_memory(self) -> int | None:
+        """CUDA: weights + KV cache + the warm-ups' transient peak above what was in use before them (other
+        engines in this process excluded); CPU: the process's peak resident set."""
+        if self.runner.device_type != "cuda":
+            return self.runner.peak_memory()
+        return self.runner.held_bytes() + self.runner.peak_memory() - self.before
 
     def close(self) -> None:
         pass
@@ -236,7 +216,7 @@ class KerneltriageEngine:
 def run_test(runner: Runner, test: Test, settings: Settings, progress: Progress | None = None) -> TestResult:
     """Warm-ups and `settings.repeats` timed samples of `test` on `runner` alone."""
     tokens = tokens_for(test, runner.config.vocab_size, settings.seed)
-    return run_interleaved([KerneltriageEngine(runner)], test, tokens, settings, runner.device, progress)[0]
+    return run_interleaved([KerneltriageEngine(runner)], test, tokens, settings, runner.gpu_index, progress)[0]
 
 
 def run_tests(runner: Runner, tests: Sequence[Test], settings: Settings,

@@ -15,7 +15,7 @@ from kerneltriage.core.units import format_sig
 
 OUTPUTS = ("table", "json", "md")
 STATUS_MARKS = {"ok": "✓", "warn": "!", "unknown": "?"}
-COLUMNS = ("phase", "test", "A tok/s ± IQR", "B tok/s ± IQR", "B/A [95% CI]", "A/A band", "verdict")
+COLUMNS = ("phase", "test", "A tok/s ± IQR", "B tok/s ± IQR", "B/A [CI] (its level)", "A/A band", "verdict")
 
 EPILOG = """examples:
   kerneltriage ab --b levers=last_logits                    stock vs last_logits on the default model
@@ -23,15 +23,18 @@ EPILOG = """examples:
   kerneltriage ab --b levers=graphs --output json > ab.json
   kerneltriage ab --a levers=graphs --b 'levers=graphs;spec=selfdraft:15;depth=4'   speculation under graphs
 
-A spec is key=value pairs separated by ';': levers=a,b ('levers=' is stock), spec=ngram|selfdraft[:L]|draft:MODEL
+A side is key=value pairs separated by ';': levers=a,b ('levers=' is stock), spec=ngram|selfdraft[:L]|draft:MODEL
 and depth=K|auto (speculative decoding, as --spec and --spec-depth on generate). The timed prompts are random
 tokens: prompt lookup (ngram) finds nothing to draft there, and a B whose speculation never verified is invalid.
 Order of work: greedy digests of A and B must match (levers that change numerics may instead stay within
 a stated logit tolerance); A against a second copy of A (A/A) sizes the noise band; then -r pairs of A and
 B, interleaved, prefill (pp N) and decode (tg N) apart. tok/s = tokens / median sample time; ± = IQR of
 the per-sample rates; B/A = median A time / median B time with its 95% paired-bootstrap CI; the A/A band
-is 1 ± the A/A CI bound farthest from 1 (at least 1%). Verdicts: win / loss (B/A CI clear of the band),
-neutral (not clear), no-lever, invalid (outputs differ, or a lever of B never ran in the timed runs).
+is 1 ± the A/A CI bound farthest from 1 (at least 1%). The CI is the order-statistic interval of the per-pair
+ratios; the level printed is the one it has (5 pairs: 94%). Verdicts: win / loss (B/A CI clear of the band),
+traded (a win in one phase, another phase's estimate below the band), neutral, no-lever, indicative (fewer than
+5 pairs: never a win), contended (the A/A band wider than ±0.5: no verdict), invalid (outputs differ, or a
+lever of B never ran in the timed runs).
 Exit status is 0 whatever the verdict. Every run is one ledger experiment with all its samples."""
 
 
@@ -55,15 +58,18 @@ def _seconds(text: str) -> float:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `ab` to the top-level subcommands."""
+    from kerneltriage.cli.common import LEVERS_HELP
+
     parser = subparsers.add_parser(
         "ab", help="honest A/B of two configurations: A/A noise, paired runs, checklist, verdict",
-        description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__, epilog=EPILOG + "\n\n" + LEVERS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("--model", default="default", help="default | preset | FILE.gguf | HF folder (default: %(default)s)")
+    add("--backend", default="auto", help="auto | torch (default: auto = torch)")
     add("--device", default="auto", help="auto | cuda | cuda:N | cpu (default: auto = cuda if visible)")
     add("--dtype", default="auto", help="auto (bf16 on cuda, float32 on cpu) | float32 | bf16 | fp16")
-    add("--a", default="levers=", help="baseline spec (default: 'levers=': stock)")
-    add("--b", required=True, help="candidate spec, e.g. 'levers=graphs,one_sync'")
+    add("--a", default="levers=", help="baseline configuration (default: 'levers=': stock)")
+    add("--b", required=True, help="candidate configuration, e.g. 'levers=graphs,one_sync'")
     add("-p", "--n-prompt", dest="prompt", type=_whole(0), default=512, help="prefill tokens (default: 512; 0 skips)")
     add("-n", "--n-gen", dest="gen", type=_whole(0), default=128, help="decode tokens (default: 128; 0 skips)")
     add("-r", "--repetitions", dest="pairs", type=_whole(2), default=10, help="pairs per block (default: 10)")
@@ -76,26 +82,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Parse → load → check, measure, judge → record → render."""
-    from kerneltriage.backends.torch.device import resolve_device, resolve_dtype
-    from kerneltriage.bench.ab import Settings, build_runners, parse_spec, record, run_ab
+    from kerneltriage.bench.ab import Settings, build_runners, record, run_ab
     from kerneltriage.bench.workloads import check_fits
     from kerneltriage.core.environment import capture_environment
     from kerneltriage.core.ledger import Ledger
+    from kerneltriage.engine.backend import get_backend
+    from kerneltriage.engine.configuration import RunConfig
     from kerneltriage.engine.sources import load_checkpoint
 
-    a, b = parse_spec(args.a, "--a"), parse_spec(args.b, "--b")
+    a, b = RunConfig.parse(args.a, "--a"), RunConfig.parse(args.b, "--b")
     settings = Settings(args.prompt, args.gen, args.pairs, args.warmups, args.sustain)
+    backend = get_backend(args.backend)
     checkpoint = load_checkpoint(args.model)
     check_fits(settings.tests, checkpoint.config.max_context)
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
+    device = backend.resolve_device(args.device)
+    dtype = backend.resolve_dtype(args.dtype, device)
     with Ledger(args.ledger) as ledger:  # opened first: a file that is not a ledger fails before any work
-        runners = build_runners(checkpoint, a, b, device, dtype)
-        print(f"loaded {checkpoint.source} three times (A, A', B) on {device} ({str(dtype).removeprefix('torch.')})",
-              file=sys.stderr)
+        runners = build_runners(backend, checkpoint, a, b, device, dtype)
+        print(f"loaded {checkpoint.source} three times (A, A', B) on {device} ({dtype})", file=sys.stderr)
         environment = capture_environment()
         with _spinner() as progress:
-            report = run_ab(runners, settings, progress)
+            report = run_ab(backend, runners, settings, progress)
         experiment_id = record(report, ledger, environment)
     result = {"experiment_id": experiment_id, "config": report.config, **report.summary(),
               "environment": environment, "measurements": [m.to_dict() for m in report.measurements]}
@@ -108,7 +115,7 @@ def _cells(phase: dict) -> list[str]:
     return [phase["phase"], phase["test"],
             f"{format_sig(phase['a']['tok_s'])} ± {format_sig(phase['a']['iqr'], 2)}",
             f"{format_sig(phase['b']['tok_s'])} ± {format_sig(phase['b']['iqr'], 2)}",
-            f"{r['estimate']:.3f} [{r['low']:.3f}, {r['high']:.3f}]",
+            f"{r['estimate']:.3f} [{r['low']:.3f}, {r['high']:.3f}] ({r['confidence']:.0%})",
             f"1 ± {band:.3f}", phase["verdict"]]
 
 
@@ -122,9 +129,7 @@ def _lines(result: dict) -> list[str]:
     config = result["config"]
     executed = "; ".join(f"{name}: " + ", ".join(f"{lever} ×{n}" for lever, n in c.items())
                          for name, c in result["counters"].items() if c) or "no levers on either side"
-    from kerneltriage.bench.ab import side_label
-
-    lines = [f"A: {side_label(config['a'])}   B: {side_label(config['b'])}   "
+    lines = [f"A: {config['a']['label']}   B: {config['b']['label']}   "
              f"({config['model']}, {config['device']}, {config['dtype']}, {config['pairs']} pairs per block)",
              f"verdict: {result['verdict'].upper()} — {result['reason']}",
              f"outputs: {'ok' if result['correctness']['passed'] else 'DIFFER'} — {result['correctness']['detail']}",

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
-from kerneltriage.cli.generate import add_model_arguments
+from kerneltriage.cli.common import LEVERS_HELP, add_model_arguments
 from kerneltriage.core.ledger import DEFAULT_LEDGER_PATH
 
 OUTPUTS = ("table", "md", "csv", "json")
@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `bench` to the top-level subcommands."""
     parser = subparsers.add_parser(
         "bench", help="prefill and decode speed, %% of roofline, peers side by side", description=__doc__,
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG + "\n\n" + LEVERS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(parser)
     add = parser.add_argument
     add("-p", "--n-prompt", dest="prompts", type=_sizes, default=[512], help="prefill sizes (default: 512)")
@@ -71,21 +71,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Parse → load → measure (inside one ledger experiment) → render."""
-    from kerneltriage.bench.peers import parse_peers
     from kerneltriage.bench.workloads import check_fits, expand
-    from kerneltriage.cli.generate import build_runner_from_args
+    from kerneltriage.cli.common import build_runner, run_config
     from kerneltriage.core.errors import InputError
     from kerneltriage.core.ledger import Ledger
     from kerneltriage.engine.sources import load_checkpoint
+    from kerneltriage.peers import parse_peers
 
     tests = expand(args.prompts, args.gens, args.depths)
     peers = parse_peers(args.peers)
+    config = run_config(args)
     if args.llama_bench is not None and not args.llama_bench.is_file():
         raise InputError(f"--llama-bench {args.llama_bench}: no such file (expected a llama-bench binary)")
     checkpoint = load_checkpoint(args.model)
     check_fits(tests, checkpoint.config.max_context)
     with Ledger(args.ledger) as ledger:  # opened first: a file that is not a ledger fails before any work
-        runner = build_runner_from_args(checkpoint, args)
+        runner = build_runner(checkpoint, args, config)
         report = measure(runner, tests, peers, args, ledger)
     print(render(report, args.output), end="")
     return 0
@@ -94,18 +95,20 @@ def run(args: argparse.Namespace) -> int:
 def measure(runner: Any, tests: list, peers: tuple[str, ...], args: argparse.Namespace, ledger: Any) -> dict:
     """Every test on kerneltriage and the peers, samples interleaved, recorded as one ledger experiment:
     committed whole when everything ran, not at all on an error or Ctrl-C."""
-    from kerneltriage.backends.torch.ceilings import get_ceilings
+    from kerneltriage.bench.compare import run_bench
     from kerneltriage.bench.harness import Settings
-    from kerneltriage.bench.peers import run_bench
     from kerneltriage.core.environment import capture_environment
+    from kerneltriage.engine.backend import get_backend
+    from kerneltriage.peers import open_peer
 
     settings = Settings(args.repeats, args.warmups)
-    ceilings = get_ceilings(runner.device, runner.dtype)
+    ceilings = get_backend(runner.backend).ceilings(runner.device, runner.dtype)
     config = _config(runner, tests, peers, settings, args, ceilings)
     environment = capture_environment()
     steps = len(tests) * (settings.warmups + settings.repeats) * (1 + len(peers))
     with _progress_bar(steps) as tell, ledger.experiment("bench", config, environment, _label(runner, tests)) as exp:
-        results, peer_runs = run_bench(runner, tests, peers, settings, tell, args.llama_bench)
+        peer_runs = [open_peer(name, runner, tests, settings, tell, args.llama_bench) for name in peers]
+        results = run_bench(runner, tests, peer_runs, settings, tell)
         for result in results:
             for m in result.measurements:
                 exp.add_measurement(m)
@@ -120,14 +123,15 @@ def measure(runner: Any, tests: list, peers: tuple[str, ...], args: argparse.Nam
 def _config(runner: Any, tests: list, peers: tuple[str, ...], settings: Any, args: argparse.Namespace,
             ceilings: Any) -> dict:
     return {"model": args.model, "source": runner.checkpoint.source, "random_weights": runner.config.random_weights,
-            "device": str(runner.device), "dtype": str(runner.dtype).removeprefix("torch."),
-            "levers": list(runner.levers), "tests": [t.name for t in tests], "repeats": settings.repeats,
+            "backend": runner.backend, "device": runner.device, "dtype": runner.dtype,
+            "levers": list(runner.run_config.lever_names), "spec": runner.run_config.text, "tests": [t.name for t in tests], "repeats": settings.repeats,
             "warmups": settings.warmups, "seed": settings.seed, "peers": list(peers), "ceilings": asdict(ceilings)}
 
 
 def _label(runner: Any, tests: list) -> str:
-    levers = f" [{','.join(runner.levers)}]" if runner.levers else ""
-    return f"{runner.config.name or runner.checkpoint.source}{levers}: {', '.join(t.name for t in tests)}"
+    levers = runner.run_config.lever_names
+    shown = f" [{','.join(levers)}]" if levers else ""
+    return f"{runner.config.name or runner.checkpoint.source}{shown}: {', '.join(t.name for t in tests)}"
 
 
 def _rows(runner: Any, tests: list, results: list, peer_runs: list, ceilings: Any) -> list:
@@ -150,7 +154,7 @@ def _traffic(runner: Any) -> tuple:
     from kerneltriage.bench.table import KV_BYTES_LLAMA_CPP, Traffic
     from kerneltriage.core.roofline import engine_weight_bytes
 
-    size = runner.dtype.itemsize
+    size = runner.dtype_bytes
     torch_engines = Traffic(engine_weight_bytes(runner.config, size), size)
     tensors = runner.checkpoint.tensors
     # An untied embedding table is read one row per token: leave it out of the bytes per token.

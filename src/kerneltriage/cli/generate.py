@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
+from kerneltriage.cli.common import LEVERS_HELP, add_model_arguments, build_runner, run_config
 from kerneltriage.core.errors import InputError
 
 EPILOG = """examples:
@@ -18,21 +18,12 @@ EPILOG = """examples:
 (real shapes, random weights), a .gguf file or a Hugging Face folder (config.json + *.safetensors)."""
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """--model/--device/--dtype/--levers, shared by every command that runs the engine."""
-    parser.add_argument("--model", default="default", help="default | preset | FILE.gguf | HF folder (default: %(default)s)")
-    parser.add_argument("--device", default="auto", help="auto | cuda | cuda:N | cpu (default: auto = cuda if visible)")
-    parser.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, float32 on cpu) | float32 | bf16 | fp16")
-    parser.add_argument("--levers", default="", help="comma-separated levers to switch on, e.g. last_logits")
-    parser.add_argument("--spec", default=None, help="speculative decoding: ngram[:N] | selfdraft[:L] | draft:MODEL")
-    parser.add_argument("--spec-depth", default=None, help="draft tokens per step: 1..16 or auto (default: auto)")
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate", help="run the reference engine and stream text",
         description="Generate text with the reference engine; ends with prompt tokens, prefill and decode "
-        "tok/s and peak memory.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "tok/s and peak memory.", epilog=EPILOG + "\n\n" + LEVERS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_arguments(parser)
     parser.add_argument("--prompt", required=True, help="the prompt text")
@@ -43,22 +34,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p × the top probability")
     parser.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="divide the logits of the last 20 tokens by this (1 = off), as mlx-lm does")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from kerneltriage.backends.torch.generate import stream_generate
+    from kerneltriage.engine.generation import stream_generate
     from kerneltriage.engine.sampling import SamplingParams
     from kerneltriage.engine.sources import load_checkpoint
 
     try:
-        params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
+        params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed,
+                                args.repetition_penalty)
     except ValueError as exc:
         raise InputError(f"sampling: {exc}") from None
+    config = run_config(args)
     checkpoint = load_checkpoint(args.model)
     prompt = encode_prompt(checkpoint, args.prompt, args.chat)
-    runner = build_runner_from_args(checkpoint, args)
+    runner = build_runner(checkpoint, args, config)
     last = None
     for last in stream_generate(runner, prompt, params, args.max_tokens, tuple(args.stop)):
         sys.stdout.write(last.text)
@@ -68,30 +63,6 @@ def run(args: argparse.Namespace) -> int:
     for line in spec_summary(runner):
         print(line, file=sys.stderr)
     return 0
-
-
-def build_runner_from_args(checkpoint, args: argparse.Namespace, speculate: bool = True):  # noqa: ANN001, ANN201
-    """Device, dtype, levers and speculation from the flags; load the weights there; say how long that took."""
-    from kerneltriage.backends.torch.accelerate import apply_levers
-    from kerneltriage.backends.torch.device import resolve_device, resolve_dtype
-    from kerneltriage.backends.torch.runner import build_runner
-    from kerneltriage.engine.levers import parse_levers
-    from kerneltriage.engine.speculative import parse_spec
-
-    levers = parse_levers(args.levers)
-    spec = parse_spec(args.spec, args.spec_depth) if speculate else None
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    started = time.perf_counter()
-    runner = apply_levers(build_runner(checkpoint, device, dtype), levers)
-    if spec is not None:  # after the levers: speculation wraps whatever prefill they installed
-        from kerneltriage.backends.torch.speculative import install_speculation
-
-        install_speculation(runner, spec)
-    note = " — RANDOM WEIGHTS: speed only, the text is noise" if checkpoint.config.random_weights else ""
-    print(f"loaded {checkpoint.source} on {device} ({str(dtype).removeprefix('torch.')}) "
-          f"in {time.perf_counter() - started:.1f} s{note}", file=sys.stderr)
-    return runner
 
 
 def encode_prompt(checkpoint, text: str, chat: bool) -> list[int]:  # noqa: ANN001 - engine Checkpoint
@@ -108,14 +79,12 @@ def encode_prompt(checkpoint, text: str, chat: bool) -> list[int]:  # noqa: ANN0
     return ids
 
 
-def spec_summary(runner) -> list[str]:  # noqa: ANN001 - a torch Runner
+def spec_summary(runner) -> list[str]:  # noqa: ANN001 - a backend Runner
     """Acceptance and the adaptive-depth decisions, when speculation ran."""
-    from kerneltriage.backends.torch.speculative import decoder_of
-
-    loop = decoder_of(runner)
+    loop = runner.speculation
     if loop is None:
         return []
-    lines = [f"spec {loop.spec.label} | {loop.stats.summary()}"]
+    lines = [f"spec {loop.speculation.label} | {loop.stats.summary()}"]
     if runner.config.random_weights:
         lines.append("spec: acceptance is meaningless on random weights")
     return lines + [f"spec: step {d.step}: {d.reason}" for d in loop.controller.decisions]
@@ -124,7 +93,7 @@ def spec_summary(runner) -> list[str]:  # noqa: ANN001 - a torch Runner
 def summary_line(runner, last) -> str:  # noqa: ANN001
     if last is None:
         return "no tokens generated"
-    levers = ",".join(runner.levers) or "none"
+    levers = ",".join(runner.run_config.lever_names) or "none"
     return (f"prompt {last.prompt_tokens} tok | prefill {last.prompt_tps:,.1f} tok/s | "
             f"decode {last.generation_tps:,.1f} tok/s ({last.generation_tokens} tok) | "
             f"peak memory {last.peak_memory / 1e6:,.0f} MB | levers {levers}")

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from kerneltriage.cli.generate import add_model_arguments
+from kerneltriage.cli.common import LEVERS_HELP, add_model_arguments
 from kerneltriage.core.errors import InputError
 from kerneltriage.core.ledger import DEFAULT_LEDGER_PATH
 
@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `triage` to the top-level subcommands."""
     parser = subparsers.add_parser(
         "triage", help="the three questions, measured: delete work, unlock a fast path, cut dispatch",
-        description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__, epilog=EPILOG + "\n\n" + LEVERS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(parser)
     parser.add_argument("-p", "--n-prompt", dest="prompt", type=_count(1), default=512, help="prompt tokens (default: 512)")
     parser.add_argument("-n", "--n-gen", dest="gen", type=_count(1), default=128, help="decode tokens (default: 128)")
@@ -54,34 +54,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Parse → load → triage (one ledger experiment) → render."""
     from kerneltriage.bench.workloads import check_fits
-    from kerneltriage.cli.generate import build_runner_from_args
+    from kerneltriage.cli.common import build_runner, run_config
     from kerneltriage.core.ledger import Ledger
+    from kerneltriage.engine.backend import get_backend
     from kerneltriage.engine.sources import load_checkpoint
     from kerneltriage.triage.run import STAGES, triage
     from kerneltriage.triage.setup import Workload
 
     workload = Workload(args.prompt, args.gen, args.depth)
-    _check_spec(args.spec)
+    speculation = run_config(args).speculation  # triage sweeps its verify shapes; the baseline does not speculate
+    config = run_config(args, speculate=False)
     _check_html(args.html)
     checkpoint = load_checkpoint(args.model)
     check_fits([workload.prefill_test, workload.decode_test], checkpoint.config.max_context)
     with Ledger(args.ledger) as ledger:  # opened first: a file that is not a ledger fails before any work
-        runner = build_runner_from_args(checkpoint, args, speculate=False)
+        runner = build_runner(checkpoint, args, config)
         with _progress(len(STAGES)) as tell:
-            report = triage(runner, workload, args.spec, tell, ledger, _label(runner, workload))
+            report = triage(get_backend(args.backend), runner, workload, tell, ledger, _label(runner, workload),
+                            speculation)
     if args.html is not None:
         from kerneltriage.triage.html import write_html
 
         write_html(report, args.html)
     print(report.to_json() if args.output == "json" else render(report), end="")
     return 0
-
-
-def _check_spec(spec: str | None) -> None:
-    if spec:
-        from kerneltriage.engine.speculative import parse_spec
-
-        parse_spec(spec)
 
 
 def _check_html(path: Path | None) -> None:
@@ -97,7 +93,8 @@ def _check_html(path: Path | None) -> None:
 
 
 def _label(runner: Any, workload: Any) -> str:
-    levers = f" [{','.join(runner.levers)}]" if runner.levers else ""
+    names = runner.run_config.lever_names
+    levers = f" [{','.join(names)}]" if names else ""
     return f"{runner.config.name or runner.checkpoint.source}{levers}: triage pp{workload.prompt} tg{workload.gen}" + (
         f" @ d{workload.depth}" if workload.depth else "")
 

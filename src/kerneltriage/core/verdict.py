@@ -1,15 +1,21 @@
-"""The verdict rules of an A/B comparison and the five-point claim checklist, answered from data.
+"""The one verdict rule of an A/B comparison (ab, triage, the kernel path and the benchmarks all call it) and the
+five-point claim checklist, answered from data.
 
-Ratios are B/A throughput (> 1: B is faster), as paired-bootstrap intervals (`stats.Interval`).
-The noise band is sized by an A/A run of the baseline against itself: half-width h = the larger distance
-of the A/A ratio's CI bounds from 1 (never below MIN_NOISE_BAND), band = [1 − h, 1 + h].
+Ratios are B/A throughput (> 1: B is faster): the median of the per-pair ratios with its order-statistic CI
+(`stats.paired_ratio_ci`, whose printed level is the one it has). The noise band is sized by an A/A run of the
+baseline against itself: half-width h = the larger distance of the A/A CI's bounds from 1 (never below
+MIN_NOISE_BAND), band = [1 − h, 1 + h].
 
-Per phase: **loss** — the B/A CI lies entirely below the band; **no-lever** — otherwise, when the changed
-op's share s of the phase is so small that even deleting it (Amdahl: 1 / (1 − s)) stays inside the band;
-**win** — the CI lies entirely above the band; **neutral** — anything else (a CI touching the band proves
-nothing). Overall: **invalid** when outputs differ beyond tolerance or a lever's counter stayed at zero,
-whatever the timings; else a loss in any phase is a loss (a regression somewhere is not a win), a win
-somewhere is a win, all no-lever is no-lever, and anything else is neutral.
+Per phase: **loss** — the B/A CI lies entirely below the band; **no-lever** — otherwise, when the changed op's
+share s of the phase is so small that even deleting it (Amdahl: 1 / (1 − s)) stays inside the band; **win** —
+the CI lies entirely above the band; **neutral** — anything else (a CI touching the band proves nothing). A phase
+is *slower* when its point estimate lies below the band, whatever its CI.
+
+Overall, first match wins: **invalid** — outputs differ beyond tolerance, or a lever's counter stayed at zero;
+**contended** — the machine was shared (load readings) or the A/A band is wider than NOISY_BAND: no verdict;
+**indicative** — fewer than MIN_PAIRS pairs: what the timing would say, never a win; **traded** — a win in one
+phase and another phase slower; **loss** — a loss in some phase; **win** — a win somewhere, no phase slower;
+**no-lever** — every phase no-lever; **neutral** — anything else.
 """
 
 from __future__ import annotations
@@ -22,11 +28,16 @@ from kerneltriage.core.environment import Snapshot
 from kerneltriage.core.measurement import CLOCK_DRIFT_RATIO, TEMPERATURE_DRIFT_C, TREND_RATIO
 from kerneltriage.core.stats import Interval
 
-VERDICTS = ("win", "loss", "neutral", "no-lever", "invalid")
+VERDICTS = ("win", "traded", "loss", "neutral", "no-lever", "indicative", "contended", "invalid")
 STATUSES = ("ok", "warn", "unknown")
 # Floor of the noise band's half-width: a few A/A pairs can give a CI narrower than the real run-to-run
 # noise, and an end-to-end difference below 1% is not worth a claim.
 MIN_NOISE_BAND = 0.01
+# Fewer pairs than this: the interval cannot reach 90% coverage (4 pairs: 87.5%), so no win is claimed.
+MIN_PAIRS = 5
+# An A/A band wider than this (±50%): the baseline does not even agree with itself; the machine was shared or
+# the test is too short to judge anything.
+NOISY_BAND = 0.5
 # First vs last sustained window differing by more than this: the device did not hold its speed.
 SUSTAIN_DRIFT_RATIO = TREND_RATIO
 
@@ -73,7 +84,12 @@ def amdahl_ceiling(share: float) -> float:
 
 
 def _ci(ratio: Interval) -> str:
-    return f"B/A {ratio.estimate:.3f} [{ratio.low:.3f}, {ratio.high:.3f}]"
+    return f"B/A {ratio.estimate:.3f} [{ratio.low:.3f}, {ratio.high:.3f}] ({ratio.confidence:.0%} CI)"
+
+
+def slower(ratio: Interval, band: float) -> bool:
+    """The point estimate lies below the band: this phase got slower, even if its CI reaches into the band."""
+    return ratio.estimate < 1.0 - band
 
 
 def phase_verdict(ratio: Interval, band: float, share: float | None = None) -> Verdict:
@@ -91,25 +107,48 @@ def phase_verdict(ratio: Interval, band: float, share: float | None = None) -> V
     return Verdict("neutral", f"{_ci(ratio)} is not clear of {where}")
 
 
+def timing_verdict(phases: Mapping[str, Verdict], slower_phases: Sequence[str]) -> Verdict:
+    """What the phases' timings say together (`slower_phases`: point estimate below the band)."""
+    wins = [p for p, pv in phases.items() if pv.verdict == "win"]
+    losses = [p for p, pv in phases.items() if pv.verdict == "loss"]
+    if wins and slower_phases:
+        return Verdict("traded", f"faster in {', '.join(wins)}, slower in {', '.join(slower_phases)}")
+    if losses:
+        return Verdict("loss", f"slower in {', '.join(losses)}")
+    if wins:
+        return Verdict("win", f"faster in {', '.join(wins)}, no phase slower")
+    if all(pv.verdict == "no-lever" for pv in phases.values()):
+        return Verdict("no-lever", "the changed op is too small a share of every phase to register")
+    return Verdict("neutral", "no phase differs by more than the A/A noise")
+
+
 def overall_verdict(phases: Mapping[str, Verdict], outputs_match: bool, silent_levers: Sequence[str],
-                    outputs_detail: str = "") -> Verdict:
-    """One verdict over all phases; `silent_levers` are levers whose execution counter stayed at zero."""
+                    outputs_detail: str = "", *, slower_phases: Sequence[str] = (), pairs: int = MIN_PAIRS,
+                    contention: str | None = None) -> Verdict:
+    """One verdict over all phases; `silent_levers` are levers whose execution counter stayed at zero,
+    `contention` a reason the machine was shared (None: quiet)."""
     if not phases:
         raise ValueError("overall verdict: need at least one phase")
     if not outputs_match:
         return Verdict("invalid", f"outputs differ beyond tolerance: {outputs_detail}".rstrip(": "))
     if silent_levers:
         return Verdict("invalid", f"never executed in the timed runs: {', '.join(silent_levers)}")
-    by_verdict = {v: [p for p, pv in phases.items() if pv.verdict == v] for v in VERDICTS}
-    wins, losses = by_verdict["win"], by_verdict["loss"]
-    if losses:
-        traded = f", although it wins {', '.join(wins)}" if wins else ""
-        return Verdict("loss", f"slower in {', '.join(losses)}{traded}")
-    if wins:
-        return Verdict("win", f"faster in {', '.join(wins)}, no phase slower")
-    if len(by_verdict["no-lever"]) == len(phases):
-        return Verdict("no-lever", "the changed op is too small a share of every phase to register")
-    return Verdict("neutral", "no phase differs by more than the A/A noise")
+    if contention:
+        return Verdict("contended", f"no verdict: {contention}")
+    timing = timing_verdict(phases, slower_phases)
+    if pairs < MIN_PAIRS and timing.verdict != "no-lever":
+        return Verdict("indicative", f"{pairs} pairs (fewer than {MIN_PAIRS}): would be {timing.verdict} — "
+                                     f"{timing.reason}")
+    return timing
+
+
+def band_contention(bands: Mapping[str, float]) -> str | None:
+    """A reason when an A/A band is too wide to judge anything (NOISY_BAND), else None."""
+    wide = [f"{phase} ±{band:.2f}" for phase, band in bands.items() if band > NOISY_BAND]
+    if not wide:
+        return None
+    return (f"the A/A band ({', '.join(wide)}) is wider than ±{NOISY_BAND:.2f}: the machine was shared or the "
+            "test is too short")
 
 
 def synthetic_item(end_to_end: bool, random_weights: bool) -> ChecklistItem:

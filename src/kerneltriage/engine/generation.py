@@ -1,8 +1,16 @@
-"""The generation contract shared by the backends: response records and stop-string handling."""
+"""Generation as layered generators over the backend protocol: generate_step (token ids) → stream_generate
+(response records with running rates) → generate (text); and stop-string handling."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+from kerneltriage.core.errors import InputError
+from kerneltriage.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from kerneltriage.engine.backend import Runner
 
 
 @dataclass(frozen=True)
@@ -53,3 +61,58 @@ class StopStrings:
                     best = size
                     break
         return best
+
+
+def check_prompt(runner: "Runner", prompt: Sequence[int], max_tokens: int) -> int:
+    """Cache length needed; a prompt that leaves no room to generate is an InputError."""
+    context = runner.config.max_context
+    if not prompt:
+        raise InputError("prompt: expected at least one token")
+    if len(prompt) >= context:
+        raise InputError(f"prompt of {len(prompt)} tokens: expected fewer than the model's context of {context}")
+    if max_tokens < 1:
+        raise InputError(f"--max-tokens {max_tokens}: expected at least 1")
+    return min(context, len(prompt) + max_tokens)
+
+
+def generate_step(runner: "Runner", prompt: Sequence[int], params: SamplingParams, max_tokens: int
+                  ) -> Iterator[int]:
+    """Yield up to `max_tokens` token ids (fewer if the context fills). The caller decides when to stop."""
+    needed = check_prompt(runner, prompt, max_tokens)
+    runner.reset_cache(needed)
+    logits = runner.prefill(prompt, 0)
+    yield from runner.loop(logits, len(prompt), needed - len(prompt), runner.sampler(params, prompt))
+
+
+def stream_generate(runner: "Runner", prompt: Sequence[int], params: SamplingParams, max_tokens: int,
+                    stop: tuple[str, ...] = ()) -> Iterator[GenerationResponse]:
+    """Yield one record per generated token with the new text and running speeds.
+
+    Prefill rate = prompt tokens / time to first token; decode rate excludes that first token.
+    """
+    limit = check_prompt(runner, prompt, max_tokens) - len(prompt)
+    tokenizer = runner.checkpoint.tokenizer
+    decoder, stops = tokenizer.stream_decoder(), StopStrings(stop)
+    eos = set(runner.config.eos_token_ids) | set(tokenizer.eos_token_ids)
+    runner.reset_peak_memory()
+    start = runner.clock()
+    first = prompt_tps = 0.0
+    for count, token in enumerate(generate_step(runner, prompt, params, limit), start=1):
+        now = runner.clock()
+        if count == 1:
+            first, prompt_tps = now, len(prompt) / (now - start)
+        decode_tps = (count - 1) / (now - first) if count > 1 else 0.0
+        text, hit_stop = ("", False) if token in eos else stops.feed(decoder(token))
+        done = token in eos or hit_stop
+        reason = "stop" if done else ("length" if count == limit else None)
+        if reason == "length":
+            text += stops.flush()
+        yield GenerationResponse(text, token, len(prompt), prompt_tps, count, decode_tps, runner.peak_memory(), reason)
+        if done:
+            return
+
+
+def generate(runner: "Runner", prompt: Sequence[int], params: SamplingParams, max_tokens: int,
+             stop: tuple[str, ...] = ()) -> str:
+    """The whole completion as text."""
+    return "".join(r.text for r in stream_generate(runner, prompt, params, max_tokens, stop))

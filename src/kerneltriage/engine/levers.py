@@ -1,58 +1,173 @@
-"""The lever registry: named, composable changes applied from outside the model, each answering one question.
+"""The lever table: one record per lever, everything else derived from it.
 
-This file names them and says which question each answers; each backend implements them
-(`backends/torch/accelerate.py`).
+A lever is a named change applied to a built model from outside the model code, answering one of the
+questions (delete work, unlock a fast path, cut dispatch) or swapping in a custom kernel. Its record says
+where it acts (`stage`: the model's modules, the step functions, or the token loop; `seams`: which of the
+model's named seams it replaces; `phases`: prefill and/or decode), whether it changes the arithmetic
+(`numerics`), and where it runs (`backends`, `devices`). The table's row order is the composition order:
+model changes first, then the steps that call the model (compile before graphs captures it), then the loop.
+Backends register one applier per lever name (`backends/<name>/levers.py`); nothing else lists levers.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from kerneltriage.core.errors import InputError
 
 QUESTIONS = ("delete", "fast-path", "dispatch", "kernel")
+STAGES = ("model", "step", "loop")
+# exact: the same arithmetic (greedy digests must match); reorders: other kernels or GEMM shapes, so other
+# rounding (judged by a logit tolerance against a float32 reference); approximates: deliberately not the same
+# function (judged by the lever's declared quality metric).
+NUMERICS = ("exact", "reorders", "approximates")
+PHASES = ("prefill", "decode")
+# The model's named seams: where a lever (or a custom kernel) may replace the stock op.
+SEAMS = ("norm", "add_norm", "qkv", "attn.decode", "attn.prefill", "o_proj", "gate_up", "down", "lm_head",
+         "linear.gemv")
+KERNEL_REF = re.compile(r"^(?:[\w./-]+\.py|[A-Za-z_][\w.]*):[A-Za-z_]\w*$")  # FILE.py:NAME or pkg.module:NAME
 
 
 @dataclass(frozen=True)
 class Lever:
+    """One row of the table. `choices` are the values `name=value` takes (empty: no value, or a free one
+    checked by `value_pattern`); `quality` names the metric that judges a lever that approximates."""
+
     name: str
     question: str
+    stage: str
     summary: str
+    phases: tuple[str, ...] = PHASES
+    numerics: str = "exact"
+    seams: tuple[str, ...] = ()
+    choices: tuple[str, ...] = ()
+    value_pattern: re.Pattern | None = None
+    backends: tuple[str, ...] = ("torch",)
+    devices: tuple[str, ...] = ("cuda", "cpu")
+    quality: str | None = None
 
     def __post_init__(self) -> None:
-        if self.question not in QUESTIONS:
-            raise ValueError(f"lever {self.name}: question {self.question!r} not in {QUESTIONS}")
+        for field, value, allowed in (("question", self.question, QUESTIONS), ("stage", self.stage, STAGES),
+                                      ("numerics", self.numerics, NUMERICS)):
+            if value not in allowed:
+                raise ValueError(f"lever {self.name}: {field} {value!r} not in {allowed}")
+        if not set(self.phases) <= set(PHASES) or not set(self.seams) <= set(SEAMS):
+            raise ValueError(f"lever {self.name}: phases {self.phases} / seams {self.seams} not all known")
+        if (self.numerics == "approximates") != (self.quality is not None):
+            raise ValueError(f"lever {self.name}: a quality metric is declared exactly when it approximates")
+
+    @property
+    def takes_value(self) -> bool:
+        return bool(self.choices) or self.value_pattern is not None
+
+    @property
+    def usage(self) -> str:
+        """How to write it: `graphs`, `compile=default|max-autotune-no-cudagraphs`, `kernel=pkg.module:NAME`."""
+        if self.choices:
+            return f"{self.name}={'|'.join(self.choices)}"
+        return f"{self.name}=pkg.module:NAME" if self.value_pattern is not None else self.name
 
 
-LEVERS: dict[str, Lever] = {
-    lever.name: lever
-    for lever in (
-        Lever("last_logits", "delete", "prefill computes the output projection for the last position only"),
-        Lever("graphs", "dispatch", "decode step replayed from CUDA graphs (static cache, one graph per window)"),
-        *(Lever(f"compile={mode}", "dispatch", f"decode step through torch.compile (mode {mode})")
-          for mode in ("default", "max-autotune-no-cudagraphs")),
-        Lever("one_sync", "dispatch", "one host readback per token; the next step is queued before it"),
-        Lever("packed_qkv", "dispatch", "q, k, v from one matmul instead of three"),
-        Lever("packed_gate_up", "dispatch", "gate and up from one matmul instead of two"),
-        Lever("fused_norm", "fast-path", "RMSNorm as one fused F.rms_norm call with its weight"),
-        *(Lever(f"sdpa_backend={name}", "fast-path", f"attention pinned to the {name} SDPA backend")
-          for name in ("flash", "efficient", "cudnn", "math")),
-        Lever("sdpa_fold", "fast-path", "decode attention with each KV head's query heads folded into one query "
-                                        "block: no backend needs GQA support (efficient attention refuses it)"),
-        Lever("flex_decode", "fast-path", "decode attention through compiled FlexAttention, whose decoding kernel "
-                                          "splits the keys across the SMs (flash-decoding)"),
-        Lever("sdpa_pad", "fast-path", "head_dim zero-padded to the nearest size a fused SDPA backend takes, when "
-                                       "none takes the model's own"),
-    )
-}
+TABLE: tuple[Lever, ...] = (
+    # model stage: changes to the model's modules, innermost first (sdpa_fold before sdpa_pad pads what it folds)
+    Lever("packed_qkv", "dispatch", "model", "q, k and v from one matmul instead of three", numerics="reorders",
+          seams=("qkv",)),
+    Lever("packed_gate_up", "dispatch", "model", "gate and up from one matmul instead of two", numerics="reorders",
+          seams=("gate_up",)),
+    Lever("fused_norm", "fast-path", "model", "RMSNorm as one fused F.rms_norm call with its weight",
+          numerics="reorders", seams=("norm",)),
+    Lever("sdpa_fold", "fast-path", "model", "one-token decode attention with each KV head's query heads folded "
+          "into one block: no backend needs GQA support (efficient attention refuses it)", phases=("decode",),
+          numerics="reorders", seams=("attn.decode",)),
+    Lever("sdpa_pad", "fast-path", "model", "head_dim zero-padded to the nearest size a fused SDPA backend takes, "
+          "when none takes the model's own", numerics="reorders", seams=("attn.decode", "attn.prefill")),
+    Lever("flex_decode", "fast-path", "model", "decode attention through compiled FlexAttention, whose decoding "
+          "kernel splits the keys across the SMs (flash-decoding)", phases=("decode",), numerics="reorders",
+          seams=("attn.decode",), devices=("cuda",)),
+    Lever("sdpa_backend", "fast-path", "model", "attention tries the named SDPA backend first (the others stay as "
+          "fallbacks); counted only for calls that backend can serve", numerics="reorders",
+          seams=("attn.decode", "attn.prefill"), choices=("flash", "efficient", "cudnn", "math")),
+    Lever("kernel", "kernel", "model", "a custom kernel replaces the stock op at the seam it declares",
+          numerics="reorders", value_pattern=KERNEL_REF),
+    # step stage: the functions that call the model
+    Lever("last_logits", "delete", "step", "prefill computes the output projection for the last position only",
+          phases=("prefill",), seams=("lm_head",)),
+    Lever("compile", "dispatch", "step", "decode step (and verify) through torch.compile", phases=("decode",),
+          numerics="reorders", choices=("default", "max-autotune-no-cudagraphs")),
+    Lever("graphs", "dispatch", "step", "decode step (and verify) replayed from CUDA graphs (static cache, one "
+          "graph per attention window)", phases=("decode",), numerics="reorders", devices=("cuda",)),
+    # loop stage: the token loop around the steps
+    Lever("one_sync", "dispatch", "loop", "one host readback per token; the next step is queued before it is read",
+          phases=("decode",)),
+)
+LEVERS: dict[str, Lever] = {lever.name: lever for lever in TABLE}
+ORDER: dict[str, int] = {lever.name: index for index, lever in enumerate(TABLE)}
 
 
-def parse_levers(text: str | None) -> tuple[str, ...]:
-    """`a,b` → ('a', 'b'); empty → (); an unknown name is an InputError listing the known ones."""
-    names = tuple(name.strip() for name in (text or "").split(",") if name.strip())
-    for name in names:
-        if name not in LEVERS:
-            raise InputError(f"--levers: unknown lever {name!r}; expected some of {', '.join(LEVERS)}")
+@dataclass(frozen=True)
+class LeverSetting:
+    """One lever switched on, with its value where it takes one: `compile=default`, `graphs`."""
+
+    lever: Lever
+    value: str | None = None
+
+    def __post_init__(self) -> None:
+        lever, value = self.lever, self.value
+        if not lever.takes_value and value is not None:
+            raise ValueError(f"lever {lever.name} takes no value, got {value!r}")
+        if lever.choices and value not in lever.choices:
+            raise ValueError(f"lever {lever.name}={value}: expected one of {', '.join(lever.choices)}")
+        if lever.value_pattern is not None and not (value and lever.value_pattern.match(value)):
+            raise ValueError(f"lever {lever.name}={value}: expected {lever.usage}")
+
+    @property
+    def name(self) -> str:
+        return self.lever.name
+
+    @property
+    def text(self) -> str:
+        return self.name if self.value is None else f"{self.name}={self.value}"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_setting(text: str) -> LeverSetting:
+    """`graphs` or `compile=default` → a LeverSetting; anything else is an InputError naming what is known."""
+    name, sep, value = text.strip().partition("=")
+    lever = LEVERS.get(name.strip())
+    if lever is None:
+        known = ", ".join(lever.usage for lever in TABLE)
+        raise InputError(f"unknown lever {text.strip()!r}; expected some of {known}")
+    if lever.takes_value and not sep:
+        raise InputError(f"lever {lever.name}: expected {lever.usage}")
+    try:
+        return LeverSetting(lever, value.strip() if sep else None)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
+def parse_levers(text: str | None) -> tuple[LeverSetting, ...]:
+    """`a,b` → settings in the table's composition order; empty → (); a lever named twice is an InputError."""
+    settings = [parse_setting(part) for part in (text or "").split(",") if part.strip()]
+    names = [s.name for s in settings if s.name != "kernel"]  # several kernels may each take a seam
     if len(set(names)) != len(names):
-        raise InputError(f"--levers {text!r}: a lever is named twice")
-    return names
+        raise InputError(f"levers {text!r}: a lever is named twice")
+    return ordered(settings)
+
+
+def ordered(settings: list[LeverSetting] | tuple[LeverSetting, ...]) -> tuple[LeverSetting, ...]:
+    """Settings in the table's row order: the order they are applied in, whatever order they were named in."""
+    return tuple(sorted(settings, key=lambda s: ORDER[s.name]))
+
+
+def changes_numerics(settings: tuple[LeverSetting, ...]) -> bool:
+    """True when any of the settings computes with other kernels or shapes than stock."""
+    return any(s.lever.numerics != "exact" for s in settings)
+
+
+def help_table() -> str:
+    """One line per lever for `--help`: how to write it, its question, what it does."""
+    width = max(len(lever.usage) for lever in TABLE)
+    return "\n".join(f"  {lever.usage:<{width}}  [{lever.question}] {lever.summary}" for lever in TABLE)

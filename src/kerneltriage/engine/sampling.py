@@ -14,6 +14,7 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
+    repetition_penalty: float = 1.0  # > 1 divides the logits of tokens already seen (1 = off), as in mlx-lm
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -24,6 +25,8 @@ class SamplingParams:
             raise ValueError(f"top_p={self.top_p}: expected in (0, 1]")
         if not 0 <= self.min_p < 1:
             raise ValueError(f"min_p={self.min_p}: expected in [0, 1)")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty={self.repetition_penalty}: expected > 0")
 
     @property
     def greedy(self) -> bool:

@@ -53,7 +53,7 @@ def measure_context(runner: Any, depth: int, tokens: int, repeats: int, warmups:
     settings = Settings(repeats=repeats, warmups=warmups)
     seconds = []
     for test in (Test("tg", tokens, 0), Test("tg", tokens, depth)):
-        runner.model.cache = None  # a cache of this test's size: a compiled graph attends over all of it
+        runner.drop_cache()  # a cache of this test's size: a compiled graph attends over all of it
         seconds.append(run_test(runner, test, settings).timed.median / tokens)
-    per_position = roofline.kv_bytes(runner.config, 1, runner.dtype.itemsize)
+    per_position = roofline.kv_bytes(runner.config, 1, runner.dtype_bytes)
     return ContextCost(depth, tokens, seconds[0], seconds[1], per_position)

@@ -1,113 +1,83 @@
-"""Measured lever gains for triage: a paired, interleaved A/B on one test, through the bench harness.
+"""Measured lever gains for triage: each lever's A/B runs through `ab` itself — A/A band, alternating pairs, the
+same correctness check, the same verdict — with triage's measured op shares (so `no-lever` can be reached) and
+its gate audit (checklist point 3) passed in. There is no second rule here.
 
-A is the runner as configured; B runs a copy of its model with the same levers plus one.
-Pairs run A B, A B, …; the gain is median(A) / median(B) with a paired bootstrap interval. The lever's own
-execution counter proves that B ran it; greedy tokens (decode tests) must be equal, or — for levers that change
-the arithmetic, and on random weights — within `ab`'s logit tolerance.
+A is the runner as configured; A' and B run on stock copies of its weights (made on the device, no reload),
+A' with A's levers, B with them plus the lever. Both phases are measured, prefill and decode apart.
 """
 
 from __future__ import annotations
 
-import gc
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
-from kerneltriage.core import stats
+from kerneltriage.bench.ab import Report, Settings, run_ab
 from kerneltriage.core.errors import InputError
+from kerneltriage.engine.backend import Backend, Runner
+from kerneltriage.engine.levers import LeverSetting
 
-BOOTSTRAP_RESAMPLES = 1000
+VALID = ("win", "traded", "loss", "neutral", "no-lever", "indicative")  # verdicts that carry a measured ratio
 
 
 @dataclass(frozen=True)
-class LeverGain:
-    """One lever's A/B: raw seconds of the timed phase per pair, the gain, and the verdict."""
+class LeverResult:
+    """One lever's A/B, as `ab` judged it: the verdict and, per phase, the B/A ratio, its CI and the A/A band."""
 
     lever: str
-    phase: str
-    test: str
-    baseline: tuple[float, ...]
-    candidate: tuple[float, ...]
-    gain: float  # median(baseline) / median(candidate): > 1 is faster
-    low: float
-    high: float
-    ran: bool  # the lever's counter moved
-    same_tokens: bool | None  # None for prefill tests (no tokens compared)
-    verdict: str  # win | loss | neutral | invalid
+    verdict: str
+    reason: str
+    phases: Mapping[str, Mapping[str, Any]]  # phase → the `ab` phase record (test, ratio, aa_ratio, band, verdict)
+    correctness: str
+    counters: Mapping[str, int]
+
+    @property
+    def valid(self) -> bool:
+        return self.verdict in VALID
+
+    def ratio(self, phase: str) -> float | None:
+        """B/A of `phase` (> 1: faster), None when not measured or the A/B is not valid."""
+        record = self.phases.get(phase)
+        return record["ratio"]["estimate"] if record and self.valid else None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"lever": self.lever, "verdict": self.verdict, "reason": self.reason, "phases": dict(self.phases),
+                "correctness": self.correctness, "counters": dict(self.counters)}
+
+    @classmethod
+    def from_report(cls, lever: str, report: Report) -> "LeverResult":
+        summary = report.summary()
+        return cls(lever, summary["verdict"], summary["reason"], {p["phase"]: p for p in summary["phases"]},
+                   summary["correctness"]["detail"], report.counters.get("B", {}))
 
 
-def verdict(interval: stats.Interval, ran: bool, same_tokens: bool | None) -> str:
-    """invalid when the lever did not run or changed the tokens; else by where the interval lies around 1."""
-    if not ran or same_tokens is False:
-        return "invalid"
-    if interval.low > 1:
-        return "win"
-    return "loss" if interval.high < 1 else "neutral"
-
-
-def candidate_runner(runner: Any, lever: str) -> Any:
-    """A runner on a stock copy of the baseline's model (weights copied on the device: no reload) with the
-    baseline's levers plus `lever`. Raises InputError when the lever cannot apply here (e.g. graphs on a CPU)."""
-    from kerneltriage.backends.torch.accelerate import apply_levers
-    from kerneltriage.backends.torch.load import stock_copy
-    from kerneltriage.backends.torch.runner import Runner
-
-    if lever in runner.levers:
-        raise InputError(f"lever {lever} is already on")
-    model = stock_copy(runner.model)
-    return apply_levers(Runner(model, runner.checkpoint, runner.device, runner.dtype), tuple(runner.levers) + (lever,))
-
-
-def measure_lever(runner: Any, lever: str, test: Any, pairs: int, warmups: int) -> LeverGain:
-    """Interleaved A/B of `runner` against `runner` + `lever` on `test` (`warmups` untimed runs each, first)."""
-    from kerneltriage.bench.equivalence import check_outputs
-
-    candidate = candidate_runner(runner, lever)
-    # A's cache, sized by earlier stages, would outlive into the A/B: B allocates this test's size. A captured step
-    # under compile attends over its whole cache, so a bigger one is slower (on an H200, the default model's decode
-    # under compile + graphs ran 1.88× slower in a 576-slot cache than in a 17-slot one, and one_sync got the credit).
-    runner.model.cache = None
+def measure_lever(backend: Backend, runner: Runner, setting: LeverSetting, settings: Settings,
+                  shares: Mapping[str, float] | None = None, evidence: Mapping[str, str | None] | None = None,
+                  progress: Callable[[str], None] | None = None) -> LeverResult:
+    """`ab` of `runner` (A) against a copy with `setting` added (B), A' a copy of A. An InputError when the
+    lever cannot apply here (e.g. graphs on a CPU), before anything is timed."""
+    config = runner.run_config.plus(setting)
+    candidate = backend.copy(runner, config)
+    twin = backend.copy(runner, runner.run_config)
+    # A's cache, sized by earlier stages, must not outlive into the A/B: a captured step under compile attends
+    # over its whole cache, so a bigger one is slower (on an H200, the default model's decode under compile +
+    # graphs ran 1.88× slower in a 576-slot cache than in a 17-slot one, and one_sync got the credit).
+    runner.drop_cache()
     try:
-        a, b = _pairs(runner, candidate, test, pairs, warmups)
-        ran = candidate.counters[lever] > 0
-        same = None if test.kind == "pp" else all(x.tokens == y.tokens for x, y in zip(a, b))
-        if same is False and _tolerant(runner, lever):
-            same = check_outputs(runner, candidate).passed
+        report = run_ab(backend, {"A": runner, "A'": twin, "B": candidate}, settings,
+                        progress or (lambda what: None), shares, evidence)
     finally:
-        del candidate
-        _free_memory(runner.device)
-    base = tuple(r.timed.samples[0] for r in a)
-    cand = tuple(r.timed.samples[0] for r in b)
-    interval = stats.bootstrap_ratio_ci(base, cand, resamples=BOOTSTRAP_RESAMPLES)
-    return LeverGain(lever, test.phase, test.name, base, cand, interval.estimate, interval.low, interval.high,
-                     ran, same, verdict(interval, ran, same))
+        for copy in (candidate, twin):
+            backend.release(copy)
+        runner.drop_cache()
+    return LeverResult.from_report(setting.text, report)
 
 
-def _tolerant(runner: Any, lever: str) -> bool:
-    """Differing greedy tokens are expected (and judged by the logit tolerance of `ab`) for levers that change
-    the arithmetic, and on random weights, whose near-flat logits make greedy ties common."""
-    from kerneltriage.bench.equivalence import NUMERIC_LEVERS
-
-    return runner.config.random_weights or lever in NUMERIC_LEVERS
-
-
-def _pairs(runner: Any, candidate: Any, test: Any, pairs: int, warmups: int) -> tuple[list, list]:
-    from kerneltriage.bench.harness import Settings, run_test
-
-    a, b = [], []
-    for i in range(pairs):
-        settings = Settings(repeats=1, warmups=warmups if i == 0 else 0)
-        a.append(run_test(runner, test, settings))
-        b.append(run_test(candidate, test, settings))
-    return a, b
-
-
-def _free_memory(device: Any) -> None:
-    """Collect the candidate now (lever closures hold cycles): an 8B copy must not outlive its A/B."""
-    import torch
-
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+def try_lever(backend: Backend, runner: Runner, setting: LeverSetting, settings: Settings,
+              shares: Mapping[str, float] | None, evidence: Mapping[str, str | None] | None,
+              notes: list[str], progress: Callable[[str], None] | None = None) -> LeverResult | None:
+    """`measure_lever`, or a note saying why the lever was not measured (it cannot apply here)."""
+    try:
+        return measure_lever(backend, runner, setting, settings, shares, evidence, progress)
+    except InputError as exc:
+        notes.append(f"{setting.text}: not measured — {exc}")
+        return None

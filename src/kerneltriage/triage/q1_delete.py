@@ -9,11 +9,10 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from kerneltriage.triage.amdahl import speedup, speedup_if_free
 from kerneltriage.triage.finding import Finding
-from kerneltriage.triage.measure import LeverGain
+from kerneltriage.triage.measure import LeverResult
 
 if TYPE_CHECKING:
-    from kerneltriage.backends.torch.gates import SdpaCall
-    from kerneltriage.backends.torch.sparsity import Sparsity
+    from kerneltriage.engine.probes import SdpaCall, Sparsity
 
 QUESTION = "delete"
 OUTPUT_CLASS, ATTENTION_CLASS = "output projection", "attention"
@@ -24,21 +23,21 @@ V_SHARE_OF_ATTENTION = 0.5  # sparse-V skips V rows only: at most the V half of 
 _MAX_SHARE = 0.999  # an all-padding prompt: the bound stays finite
 
 
-def _measured(gain: LeverGain | None) -> tuple[float | None, str]:
-    """A lever's gain as a finding's measured gain (only when the A/B is valid) and the confidence."""
-    if gain is None or gain.verdict == "invalid":
-        return None, "estimated"
-    return gain.gain, "measured"
+def _measured(result: LeverResult | None, phase: str) -> tuple[float | None, str]:
+    """A lever's measured B/A in `phase` as a finding's measured gain (only when the A/B is valid), and the
+    confidence."""
+    ratio = None if result is None else result.ratio(phase)
+    return (None, "estimated") if ratio is None else (ratio, "measured")
 
 
-def all_position_logits(output_rows: Sequence[int], output_share: float, gain: LeverGain | None = None
+def all_position_logits(output_rows: Sequence[int], output_share: float, gain: LeverResult | None = None
                         ) -> Finding | None:
     """The prefill's output projection ran for more rows than the one position whose logits are read."""
     rows = max(output_rows, default=1)
     if rows <= 1:
         return None
     deletable = output_share * (1 - 1 / rows)
-    measured, confidence = _measured(gain)
+    measured, confidence = _measured(gain, "prefill")
     return Finding(
         QUESTION, "all-position-logits",
         f"prefill computes logits for all {rows} prompt positions; only the last is read",
@@ -110,7 +109,7 @@ def sparse_v(sparsity: Sparsity | None, attention_share: float) -> Finding | Non
 
 def analyze(prefill_shares: Mapping[str, float], decode_shares: Mapping[str, float], output_rows: Sequence[int],
             prefill_calls: Sequence[SdpaCall], prompt: Sequence[int], pad_id: int | None,
-            sparsity: Sparsity | None, last_logits: LeverGain | None) -> list[Finding]:
+            sparsity: Sparsity | None, last_logits: LeverResult | None) -> list[Finding]:
     """Every Q1 detector that fires."""
     found = (
         all_position_logits(output_rows, prefill_shares.get(OUTPUT_CLASS, 0.0), last_logits),

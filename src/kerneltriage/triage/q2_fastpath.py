@@ -12,8 +12,7 @@ from kerneltriage.triage.amdahl import speedup, speedup_if_free
 from kerneltriage.triage.finding import Finding
 
 if TYPE_CHECKING:
-    from kerneltriage.backends.torch.gates import GateRow, SdpaCall
-    from kerneltriage.backends.torch.msweep import SweepCurve
+    from kerneltriage.engine.probes import GateRow, SdpaCall, SweepCurve
     from kerneltriage.triage.context import ContextCost
 
 QUESTION = "fast-path"
@@ -46,12 +45,11 @@ def _best_alternative(row: GateRow) -> tuple[str, float] | None:
 def _lever_for(backend: str) -> str | None:
     """The lever that gets an alternative: K/V expanded to every query head is what `sdpa_fold` gets without
     the copy; a plain backend is `sdpa_backend=NAME`."""
-    from kerneltriage.backends.torch.gates import EXPANDED
+    from kerneltriage.engine.probes import EXPANDED
 
     if backend.endswith(EXPANDED):
         return "sdpa_fold"
-    name = f"sdpa_backend={backend}"
-    return name if name in LEVERS else None
+    return f"sdpa_backend={backend}" if backend in LEVERS["sdpa_backend"].choices else None
 
 
 def math_fallback(row: GateRow, step_seconds: float) -> Finding | None:
@@ -161,7 +159,7 @@ def context_finding(cost: ContextCost, context: float, copy_bandwidth: float | N
         return None
     now = cost.shallow_seconds + context * cost.extra_seconds / cost.depth
     fast = cost.shallow_seconds + context * cost.kv_bytes_per_position / (KV_BANDWIDTH_TARGET * copy_bandwidth)
-    lever = "flex_decode" if gpu and "flex_decode" in LEVERS and "flex_decode" not in levers else None
+    lever = "flex_decode" if gpu and "flex_decode" not in levers else None
     fix = ("a split-KV decode attention (flash-decoding) spreads the keys over the device: --levers flex_decode"
            if lever else "a decode attention kernel that splits the keys across the device (flash-decoding)")
     return Finding(

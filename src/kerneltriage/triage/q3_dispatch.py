@@ -9,14 +9,13 @@ from typing import Any, Mapping
 from kerneltriage.triage.amdahl import speedup_if_free
 from kerneltriage.triage.breakdown import Breakdown
 from kerneltriage.triage.finding import Finding
-from kerneltriage.triage.measure import LeverGain
+from kerneltriage.triage.measure import LeverResult
 
 QUESTION = "dispatch"
 GAP_SHARE_MIN = 0.10  # a host/dispatch gap below this share of a decode step is not worth a finding
 SYNCS_PER_TOKEN_FLOOR = 1.0  # streaming needs one readback per token; more than that is a planted wait
 SYNC_TOLERANCE = 0.05  # per-token counts are averages over the profiled window
 MAX_SHARE = 0.999
-VALID_VERDICTS = ("win", "loss", "neutral")
 
 
 def dispatch_gap(decode: Breakdown, gpu: bool) -> Finding | None:
@@ -47,13 +46,13 @@ def syncs_per_token(decode: Breakdown, census: Mapping[str, Any], gpu: bool) -> 
     return float(census.get("readbacks", 0.0)), "host readbacks (each would be a sync on a GPU)"
 
 
-def extra_syncs(decode: Breakdown, census: Mapping[str, Any], gpu: bool, one_sync: LeverGain | None = None
+def extra_syncs(decode: Breakdown, census: Mapping[str, Any], gpu: bool, one_sync: LeverResult | None = None
                 ) -> Finding | None:
     """More host↔device syncs per token than the one a streaming loop needs, with their call sites."""
     count, what = syncs_per_token(decode, census, gpu)
     if count <= SYNCS_PER_TOKEN_FLOOR + SYNC_TOLERANCE:
         return None
-    measured = one_sync.gain if one_sync is not None and one_sync.verdict in VALID_VERDICTS else None
+    measured = None if one_sync is None else one_sync.ratio("decode")
     return Finding(
         QUESTION, "extra-syncs", f"{count:.1f} host↔device syncs per decode token (one is enough)",
         {"syncs_per_token": count, "counted": what, "readback_sites": census.get("readback_sites", {})},
@@ -62,19 +61,19 @@ def extra_syncs(decode: Breakdown, census: Mapping[str, Any], gpu: bool, one_syn
         "remove the other readbacks at the sites listed", "decode", "one_sync")
 
 
-def lever_finding(gain: LeverGain, decode: Breakdown) -> Finding:
-    """One dispatch lever's A/B on decode, as measured (or why the measurement is invalid)."""
-    valid = gain.verdict in VALID_VERDICTS
+def lever_finding(result: LeverResult, decode: Breakdown) -> Finding:
+    """One dispatch lever's A/B (both phases, through `ab`), as measured on decode, with ab's verdict."""
+    ratio = result.ratio("decode")
     ceiling = speedup_if_free(min(decode.gap_share, MAX_SHARE))
-    title = (f"--levers {gain.lever}: {gain.phase} {gain.gain:.2f}× on {gain.test} ({gain.verdict})" if valid
-             else f"--levers {gain.lever}: invalid A/B (ran: {gain.ran}, same tokens: {gain.same_tokens})")
+    title = (f"--levers {result.lever}: decode {ratio:.2f}× ({result.verdict})" if ratio is not None
+             else f"--levers {result.lever}: {result.verdict} — {result.reason}")
     return Finding(
-        QUESTION, f"lever-{gain.lever}", title, {"ab": gain.to_dict()},
-        ceiling if gain.lever == "graphs" else 1.0, gain.gain if valid else None,
-        "measured" if valid else "estimated", f"--levers {gain.lever}", gain.phase, gain.lever)
+        QUESTION, f"lever-{result.lever}", title, {"ab": result.to_dict()},
+        ceiling if result.lever == "graphs" else 1.0, ratio, "measured" if ratio is not None else "estimated",
+        f"--levers {result.lever}", "decode", result.lever)
 
 
-def analyze(decode: Breakdown, census: Mapping[str, Any], gains: Mapping[str, LeverGain], gpu: bool
+def analyze(decode: Breakdown, census: Mapping[str, Any], gains: Mapping[str, LeverResult], gpu: bool
             ) -> list[Finding]:
     """Every Q3 finding: the dispatch gap, extra syncs, and each measured dispatch lever."""
     found = [dispatch_gap(decode, gpu), extra_syncs(decode, census, gpu, gains.get("one_sync"))]

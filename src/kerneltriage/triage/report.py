@@ -23,9 +23,11 @@ CONFIDENCE_RANK = {"measured": 0, "estimated": 1, "ceiling": 2, "low": 3}
 
 
 def _recommendable(finding: Finding) -> bool:
-    ab = finding.evidence.get("ab") or {}
-    if finding.measured_gain is not None and ab.get("verdict", "win") != "win":
-        return False  # measured and not a win: noise, a loss, or invalid
+    """A lever is recommended only when `ab` called it a win (the one verdict rule: never traded, neutral,
+    indicative, contended or invalid); an estimate without an A/B only when it clears RECOMMEND_MIN_GAIN."""
+    ab = finding.evidence.get("ab")
+    if ab is not None:
+        return ab["verdict"] == "win" and finding.question in QUESTIONS
     return (finding.question in QUESTIONS and finding.confidence != "low"
             and finding.gain >= RECOMMEND_MIN_GAIN)
 

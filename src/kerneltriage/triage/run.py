@@ -1,8 +1,9 @@
 """`triage`: the three questions, asked in order for one model and workload on this device.
 
 0 setup → 1 where time goes → 2 Q1 delete work → 3 Q2 fast paths → 4 Q3 dispatch/sync →
-5 custom-kernel outlook → 6 recommendations. Each stage measures, then hands plain data to the analyzers;
-every finding goes to the ledger in one experiment (all of it, or nothing on an interruption).
+5 custom-kernel outlook → 6 recommendations. Each stage measures through the backend protocol, then hands plain
+data to the analyzers; every lever is judged by `ab` (triage/measure.py). Every finding goes to the ledger in
+one experiment (all of it, or nothing on an interruption).
 """
 
 from __future__ import annotations
@@ -12,24 +13,26 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from kerneltriage.bench.workloads import Test
-from kerneltriage.core.errors import InputError
-from kerneltriage.engine.levers import LEVERS
+from kerneltriage.bench.ab import Settings
+from kerneltriage.engine.backend import Backend, Runner
+from kerneltriage.engine.levers import LEVERS, TABLE, LeverSetting
+from kerneltriage.engine.probes import at_keys, distinct_calls
+from kerneltriage.engine.speculative.config import AUTO_MAX_DEPTH, Speculation
 from kerneltriage.triage import amdahl, q1_delete, q2_fastpath, q3_dispatch
 from kerneltriage.triage.breakdown import from_profile
 from kerneltriage.triage.context import ContextCost, measure_context
 from kerneltriage.triage.finding import Finding
-from kerneltriage.triage.measure import LeverGain, measure_lever
+from kerneltriage.triage.measure import LeverResult, try_lever
 from kerneltriage.triage.report import Report
 from kerneltriage.triage.setup import Budget, Workload, budget_for, measure_setup
+from kerneltriage.triage.shares import baseline_evidence, lever_shares
 
 STAGES = ("setup", "where time goes", "Q1 delete work", "Q2 fast paths", "Q3 dispatch/sync",
           "custom-kernel outlook", "recommendations")
-# Dispatch levers A/B'd in triage. compile=* are left out: their warm-up (about a minute) exceeds the budget.
-DISPATCH_LEVERS = tuple(name for name, lever in LEVERS.items()
-                        if lever.question == "dispatch" and not name.startswith("compile="))
-NOT_MEASURED = {name: "compile warm-up (~1 min) is beyond triage's budget: measure it with `kerneltriage ab`"
-                for name in LEVERS if name.startswith("compile=")}
+# Dispatch levers A/B'd in triage: the table's, but compile (its warm-up, about a minute, is beyond the budget).
+DISPATCH_LEVERS = tuple(LeverSetting(lever) for lever in TABLE
+                        if lever.question == "dispatch" and not lever.takes_value)
+NOT_MEASURED = {"compile": "compile warm-up (~1 min) is beyond triage's budget: measure it with `kerneltriage ab`"}
 Progress = Callable[[int, str], None]
 FULL_ROOFLINE_PCT = 100.0
 CONTEXT_DEPTH_MIN = 64  # shallower, decode's cost of context is within the noise of a short decode
@@ -39,11 +42,13 @@ CONTEXT_DEPTH_MIN = 64  # shallower, decode's cost of context is within the nois
 class _State:
     """What the stages hand each other."""
 
-    runner: Any
+    backend: Backend
+    runner: Runner
     workload: Workload
     budget: Budget
-    spec: str | None
     gpu: bool
+    speculation: Speculation | None = None  # what --spec asked for: the verify shapes the M-sweep covers
+    tell: Callable[[str], None] = lambda what: None
     setup: dict[str, Any] = field(default_factory=dict)
     measured: list = field(default_factory=list)  # the setup's harness results (ledger measurements)
     breakdown: dict = field(default_factory=dict)
@@ -55,13 +60,13 @@ class _State:
     gates: list = field(default_factory=list)
     sweep: list = field(default_factory=list)
     context: ContextCost | None = None
-    gains: dict[str, LeverGain] = field(default_factory=dict)
+    gains: dict[str, LeverResult] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
 def stage_setup(state: _State) -> None:
     """0: ceilings, model costs, floors, measured prefill and decode."""
-    state.setup, state.measured = measure_setup(state.runner, state.workload, state.budget)
+    state.setup, state.measured = measure_setup(state.backend, state.runner, state.workload, state.budget)
     for phase in ("prefill", "decode"):
         pct = state.setup[phase]["roofline_pct"]
         if pct > FULL_ROOFLINE_PCT:  # faster than the device's limit: the limit is wrong, not the run
@@ -71,46 +76,43 @@ def stage_setup(state: _State) -> None:
 
 def stage_where(state: _State) -> None:
     """Profile one prefill and the decode loop (recording attention calls), count host issue time and ops."""
-    from kerneltriage.backends.torch import census, profile
-
-    runner, vocab, budget = state.runner, state.runner.config.vocab_size, state.budget
-    prefix, prompt = state.workload.prefill_tokens(vocab)
-    decode_prefix = state.workload.decode_prefix(vocab)
-    prefill = profile.profile_prefill(runner, prefix, prompt, warmup=state.gpu)  # CPU: the setup just ran it
-    decode = profile.profile_decode(runner, decode_prefix, budget.profile_steps)
-    host = profile.host_issue_seconds(runner, decode_prefix, budget.profile_steps) if state.gpu else None
+    backend, runner, budget = state.backend, state.runner, state.budget
+    prefix, prompt = state.workload.prefill_tokens(runner.config.vocab_size)
+    decode_prefix = state.workload.decode_prefix(runner.config.vocab_size)
+    prefill = backend.profile(runner, "prefill", prefix, prompt)
+    decode = backend.profile(runner, "decode", decode_prefix, budget.profile_steps)
+    host = backend.host_issue_seconds(runner, decode_prefix, budget.profile_steps)
     state.calls = {"prefill": list(prefill.attention_calls), "decode": list(decode.attention_calls)}
     state.passes = {"prefill": prefill.passes, "decode": decode.passes}
     state.output_rows = prefill.output_rows
     state.breakdown = {"prefill": from_profile(prefill, state.setup["prefill"]["seconds_per_pass"], None),
                        "decode": from_profile(decode, state.setup["decode"]["seconds_per_pass"], host)}
-    state.census = {"prefill": census.census_prefill(runner, prompt[: budget.census_prompt]).per(1),
-                    "decode": census.census_decode(runner, decode_prefix, budget.census_tokens).per(budget.census_tokens)}
+    state.census = {"prefill": backend.census(runner, "prefill", (), prompt[: budget.census_prompt]),
+                    "decode": backend.census(runner, "decode", decode_prefix, budget.census_tokens)}
 
 
-def _lever_gain(state: _State, lever: str, test: Any) -> LeverGain | None:
-    """The lever's A/B, or a note saying why it was not measured."""
-    try:
-        gain = measure_lever(state.runner, lever, test, state.budget.lever_pairs, state.budget.warmups)
-    except InputError as exc:
-        state.notes.append(f"{lever}: not measured — {exc}")
-        return None
-    state.gains[lever] = gain
-    return gain
+def _lever(state: _State, setting: LeverSetting) -> LeverResult | None:
+    """The lever's `ab` on both phases at triage's sizes, or a note saying why it was not measured."""
+    budget, w = state.budget, state.workload
+    settings = Settings(prompt=min(w.prompt, budget.lever_prompt), gen=min(budget.lever_tokens, w.gen),
+                        pairs=budget.lever_pairs, warmups=budget.warmups)
+    shares = lever_shares(setting, state.breakdown)
+    result = try_lever(state.backend, state.runner, setting, settings, shares, baseline_evidence(state.gates),
+                       state.notes, lambda what: state.tell(f"{setting.text}: {what}"))
+    if result is not None:
+        state.gains[setting.text] = result
+    return result
 
 
 def stage_delete(state: _State) -> None:
     """Q1: the last_logits A/B, attention sparsity (real weights only), then the delete-work detectors."""
-    from kerneltriage.backends.torch.sparsity import attention_sparsity, passage_tokens
-
     runner, w = state.runner, state.workload
-    test = Test("pp", min(w.prompt, state.budget.lever_prompt), w.depth)
-    last = _lever_gain(state, "last_logits", test) if "last_logits" in LEVERS else None
+    last = _lever(state, LeverSetting(LEVERS["last_logits"])) if not runner.run_config.has("last_logits") else None
     sparsity = None
     if runner.config.random_weights:
         state.notes.append("sparse-V: not measured — random weights attend uniformly; needs a real model")
     else:
-        sparsity = attention_sparsity(runner, passage_tokens(runner))
+        sparsity = state.backend.attention_sparsity(runner)
     pad_id = getattr(runner.checkpoint.tokenizer, "pad_token_id", None)
     if pad_id is None:
         state.notes.append("padding: the tokenizer names no pad token; nothing to look for")
@@ -121,50 +123,46 @@ def stage_delete(state: _State) -> None:
 
 
 def stage_fastpath(state: _State) -> None:
-    """Q2: every recorded attention call's gates, the M-sweep, then the fast-path findings."""
-    from kerneltriage.backends.torch import gates, msweep
-
-    device, w = state.runner.device, state.workload
+    """Q2: every recorded attention call's gates, the M-sweep, decode's cost of context, the fast-path findings."""
+    backend, runner, w = state.backend, state.runner, state.workload
     # The profiled decode steps sit at the start of the generation: probe decode at its mean context instead.
     depth = w.decode_test.prefix_length + w.gen // 2
-    state.gates = [gates.gate_row(phase, gates.at_keys(call, depth) if phase == "decode" else call, per_pass, device)
+    state.gates = [backend.attention_gates(phase, at_keys(call, depth) if phase == "decode" else call, per_pass,
+                                           runner.device)
                    for phase, calls in state.calls.items()
-                   for call, per_pass in gates.distinct_calls(calls, state.passes[phase])]
+                   for call, per_pass in distinct_calls(calls, state.passes[phase])]
     if not state.gpu:
         state.notes.append("SDPA on the CPU: torch's CPU kernels, reported without timing claims")
-    state.sweep = msweep.m_sweep(state.runner.model, device, sweep_rows(state.spec))
+    state.sweep = backend.sweep_projections(runner, sweep_rows(state.speculation))
     budget = state.budget
-    deepest = min(budget.context_depth, state.runner.config.max_context - budget.lever_tokens)
+    deepest = min(budget.context_depth, runner.config.max_context - budget.lever_tokens)
     if deepest >= CONTEXT_DEPTH_MIN:
-        state.context = measure_context(state.runner, deepest, budget.lever_tokens, budget.repeats, budget.warmups)
+        state.context = measure_context(runner, deepest, budget.lever_tokens, budget.repeats, budget.warmups)
     else:
-        state.notes.append(f"decode's cost of context: not measured — a context of "
-                           f"{state.runner.config.max_context} leaves no depth of {CONTEXT_DEPTH_MIN} to time")
+        state.notes.append(f"decode's cost of context: not measured — a context of {runner.config.max_context} "
+                           f"leaves no depth of {CONTEXT_DEPTH_MIN} to time")
     b = state.breakdown
     state.findings += q2_fastpath.analyze(state.gates, state.sweep, state.census,
                                           {p: b[p].shares for p in b}, {p: b[p].step_seconds for p in b}, state.gpu,
                                           state.setup["ceilings"]["bandwidth"], state.context, depth,
-                                          state.runner.levers)
+                                          runner.run_config.lever_names)
 
 
-def sweep_rows(spec: str | None) -> tuple[int, ...] | None:
-    """The M values to sweep: None (the default 1…16) without --spec, else 1 and the verify rows k + 1."""
-    if not spec:
+def sweep_rows(speculation: Speculation | None) -> tuple[int, ...] | None:
+    """The M values to sweep: None (the default 1…16) without speculation, else 1 and the verify rows k + 1."""
+    if speculation is None:
         return None
-    from kerneltriage.engine.speculative import AUTO_MAX_DEPTH, parse_spec
-
-    depth = parse_spec(spec).depth
-    return (1,) + tuple(k + 1 for k in ([depth] if depth else range(1, AUTO_MAX_DEPTH + 1)))
+    return (1,) + tuple(k + 1 for k in ([speculation.depth] if speculation.depth else range(1, AUTO_MAX_DEPTH + 1)))
 
 
 def stage_dispatch(state: _State) -> None:
-    """Q3: an A/B of every dispatch lever on a short decode, then the dispatch findings."""
-
-    test = Test("tg", min(state.budget.lever_tokens, state.workload.gen), state.workload.depth)
-    for lever in DISPATCH_LEVERS:
-        _lever_gain(state, lever, test)
-    state.notes += [f"{name}: not measured — {why}" for name, why in NOT_MEASURED.items()]
-    dispatch = {name: gain for name, gain in state.gains.items() if name in DISPATCH_LEVERS}
+    """Q3: every dispatch lever not already on, through `ab`, then the dispatch findings."""
+    for setting in DISPATCH_LEVERS:
+        if not state.runner.run_config.has(setting.name):
+            _lever(state, setting)
+    state.notes += [f"{name}: not measured — {why}" for name, why in NOT_MEASURED.items()
+                    if not state.runner.run_config.has(name)]
+    dispatch = {name: result for name, result in state.gains.items() if LEVERS[name.split("=")[0]].question == "dispatch"}
     state.findings += q3_dispatch.analyze(state.breakdown["decode"], state.census["decode"], dispatch, state.gpu)
 
 
@@ -187,23 +185,26 @@ def stage_outlook(state: _State) -> None:
 STAGE_FUNCTIONS = (stage_setup, stage_where, stage_delete, stage_fastpath, stage_dispatch, stage_outlook)
 
 
-def triage(runner: Any, workload: Workload, spec: str | None = None, progress: Progress | None = None,
-           ledger: Any = None, label: str = "") -> Report:
-    """Ask the three questions for `runner` on `workload`; findings to `ledger` (one experiment) when given."""
+def triage(backend: Backend, runner: Runner, workload: Workload, progress: Progress | None = None,
+           ledger: Any = None, label: str = "", speculation: Speculation | None = None) -> Report:
+    """Ask the three questions for `runner` on `workload`; findings to `ledger` (one experiment) when given.
+    `speculation`: the --spec asked for (the M-sweep then covers its verify shapes)."""
     from kerneltriage.core.environment import capture_environment
 
-    state = _State(runner, workload, budget_for(runner.device), spec, runner.device.type == "cuda")
+    state = _State(backend, runner, workload, budget_for(runner.device_type), runner.device_type == "cuda",
+                   speculation)
     config = {"model": runner.config.name or runner.checkpoint.source, "source": runner.checkpoint.source,
-              "random_weights": runner.config.random_weights, "device": str(runner.device),
-              "dtype": str(runner.dtype).removeprefix("torch."), "levers": list(runner.levers),
-              "workload": asdict(workload), "spec": spec, "budget": asdict(state.budget)}
+              "random_weights": runner.config.random_weights, "backend": runner.backend, "device": runner.device,
+              "dtype": runner.dtype, "levers": list(runner.run_config.lever_names), "run_config": runner.run_config.text,
+              "workload": asdict(workload), "budget": asdict(state.budget),
+              "spec": speculation.label if speculation else None}
     opened = ledger.experiment("triage", config, capture_environment(), label) if ledger else nullcontext()
     with opened as exp:
         seconds = _run_stages(state, progress)
         report = Report(config, state.setup, state.breakdown, state.findings,
                         [g.to_dict() for g in state.gates],
                         [c.to_dict() | {"holes": q2_fastpath.sweep_holes(c)} for c in state.sweep], state.census,
-                        {name: gain.to_dict() for name, gain in state.gains.items()}, state.notes, seconds,
+                        {name: result.to_dict() for name, result in state.gains.items()}, state.notes, seconds,
                         state.context.to_dict() if state.context else {})
         if exp is not None:
             _record(exp, report, state.measured)
@@ -216,6 +217,7 @@ def _run_stages(state: _State, progress: Progress | None) -> dict[str, float]:
     for index, (name, stage) in enumerate(zip(STAGES, STAGE_FUNCTIONS)):
         if progress is not None:
             progress(index, name)
+            state.tell = lambda what, index=index, name=name: progress(index, f"{name} — {what}")
         started = time.perf_counter()
         stage(state)
         seconds[name] = time.perf_counter() - started

@@ -9,6 +9,9 @@ from typing import Any
 
 from kerneltriage.bench.workloads import Test, tokens_for
 from kerneltriage.core import roofline
+from kerneltriage.core.verdict import MIN_PAIRS
+from kerneltriage.engine.backend import Backend, Runner
+from kerneltriage.engine.sampling import SamplingParams
 
 WARMUP_PROMPT, WARMUP_STEPS = 8, 2  # a short untimed run first: allocations and lazy inits stay out
 
@@ -45,7 +48,7 @@ class Budget:
     repeats: int  # timed samples of the setup tests
     warmups: int  # untimed runs before them (and before each lever A/B)
     profile_steps: int  # decode tokens under the profiler
-    lever_pairs: int  # interleaved A/B pairs per lever
+    lever_pairs: int  # interleaved pairs per block of each lever's `ab` (at least core.verdict.MIN_PAIRS)
     lever_tokens: int  # decode tokens per lever sample, at most (a ratio needs fewer than the setup's number)
     lever_prompt: int  # prompt tokens per prefill lever sample, at most
     census_prompt: int  # prompt tokens of the op census's prefill
@@ -53,48 +56,45 @@ class Budget:
     context_depth: int  # decode's cost of context is timed from this depth against depth 0
 
 
-# The CPU budget keeps triage of the default model inside 5 minutes on 2 cores; CUDA's inside 60 s on an H200.
-# On the H200 (2026-11-29) eager decode is host-bound at ~21 ms/token for both the default model and 8B, and
-# triage took > 90 s with 3 setup repeats and 3 pairs of tg64 per lever; 2 repeats and 2 pairs of tg16 are
-# predicted at ~45 s for the default model (GPU ratios are tight enough for 16 tokens).
-BUDGETS = {"cuda": Budget(2, 1, 8, 2, 16, 4096, 16, 4, 2048), "cpu": Budget(1, 0, 4, 2, 8, 128, 16, 2, 512)}
+# The CPU budget keeps triage of the default model inside 5 minutes on 2 cores; CUDA's near 2 minutes on an H200.
+# Every lever is judged by `ab` (A/A block, then A/B, both phases) at MIN_PAIRS pairs: on the H200 (2026-11-29)
+# eager decode is host-bound at ~21 ms/token for both the default model and 8B, so a tg16 sample is ~0.35 s and
+# one lever's timing ~10 s, its correctness check (300 tokens past a graph window, a float32 reference in bf16)
+# about as much again.
+BUDGETS = {
+    "cuda": Budget(repeats=2, warmups=1, profile_steps=8, lever_pairs=MIN_PAIRS, lever_tokens=16, lever_prompt=4096,
+                   census_prompt=16, census_tokens=4, context_depth=2048),
+    "cpu": Budget(repeats=1, warmups=0, profile_steps=4, lever_pairs=MIN_PAIRS, lever_tokens=8, lever_prompt=128,
+                  census_prompt=16, census_tokens=2, context_depth=512),
+}
 
 
-def budget_for(device: Any) -> Budget:
-    """The budget of this device's type."""
-    return BUDGETS["cuda" if device.type == "cuda" else "cpu"]
+def budget_for(device_type: str) -> Budget:
+    """The budget of this device type."""
+    return BUDGETS["cuda" if device_type == "cuda" else "cpu"]
 
 
-def warm_up(runner: Any) -> None:
+def warm_up(runner: Runner) -> None:
     """A short prefill and two decode steps, untimed."""
-    import torch
-
-    with torch.inference_mode():
-        runner.reset_cache(WARMUP_PROMPT + WARMUP_STEPS)
-        tokens = torch.arange(WARMUP_PROMPT, device=runner.device).view(1, -1) % runner.config.vocab_size
-        logits = runner.prefill(runner.model, tokens, 0)
-        list(runner.decode_loop(runner, logits, WARMUP_PROMPT, WARMUP_STEPS, _greedy(), None))
+    prompt = [i % runner.config.vocab_size for i in range(WARMUP_PROMPT)]
+    runner.reset_cache(WARMUP_PROMPT + WARMUP_STEPS)
+    logits = runner.prefill(prompt, 0)
+    list(runner.loop(logits, WARMUP_PROMPT, WARMUP_STEPS, runner.sampler(SamplingParams(), prompt)))
 
 
-def _greedy() -> Any:
-    from kerneltriage.engine.sampling import SamplingParams
-
-    return SamplingParams()
-
-
-def measure_setup(runner: Any, workload: Workload, budget: Budget) -> tuple[dict[str, Any], list]:
+def measure_setup(backend: Backend, runner: Runner, workload: Workload, budget: Budget
+                  ) -> tuple[dict[str, Any], list]:
     """Ceilings, model costs, floors and the measured prefill and decode; the harness's TestResults."""
-    from kerneltriage.backends.torch import ceilings as ceilings_mod
     from kerneltriage.bench.harness import Settings, run_test
 
-    ceilings = ceilings_mod.get_ceilings(runner.device, runner.dtype)
+    ceilings = backend.ceilings(runner.device, runner.dtype)
     warm_up(runner)
     settings = Settings(budget.repeats, budget.warmups)
     results = [run_test(runner, test, settings) for test in (workload.prefill_test, workload.decode_test)]
-    setup = {"device": ceilings.device or str(runner.device), "dtype": str(runner.dtype).removeprefix("torch."),
-             "ceilings": asdict(ceilings), "model": model_costs(runner.config, runner.dtype.itemsize, workload)}
+    setup = {"device": ceilings.device or runner.device, "dtype": runner.dtype,
+             "ceilings": asdict(ceilings), "model": model_costs(runner.config, runner.dtype_bytes, workload)}
     for result in results:
-        setup[result.test.phase] = phase_numbers(result, runner.config, runner.dtype.itemsize, ceilings)
+        setup[result.test.phase] = phase_numbers(result, runner.config, runner.dtype_bytes, ceilings)
     return setup, results
 
 

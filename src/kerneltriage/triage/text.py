@@ -99,15 +99,23 @@ def _fastpath(report: Report) -> Iterable[RenderableType]:
     yield from _findings(report, "fast-path")
 
 
+def _ratio_cell(phase: dict | None) -> str:
+    """'1.062 [1.031, 1.090] ±0.020' (an `ab` phase record), or '-'."""
+    if phase is None:
+        return "-"
+    r = phase["ratio"]
+    return f"{r['estimate']:.3f} [{r['low']:.3f}, {r['high']:.3f}] ±{phase['band']:.3f}"
+
+
 def _dispatch(report: Report) -> Iterable[RenderableType]:
     yield Rule(f"4 {QUESTION_TITLES['dispatch']}")
-    table = Table("lever", "test", "A median", "B median", "gain [95% CI]", "verdict", "ran", "same tokens")
-    for name, gain in report.levers.items():
-        a, b = sorted(gain["baseline"]), sorted(gain["candidate"])
-        table.add_row(name, gain["test"], format_duration(a[len(a) // 2]), format_duration(b[len(b) // 2]),
-                      f"{gain['gain']:.3f}× [{gain['low']:.3f}, {gain['high']:.3f}]", gain["verdict"],
-                      str(gain["ran"]), str(gain["same_tokens"]))
+    table = Table("lever (ab)", "prefill B/A [CI] band", "decode B/A [CI] band", "verdict")
+    for name, result in report.levers.items():
+        table.add_row(name, *(_ratio_cell(result["phases"].get(phase)) for phase in ("prefill", "decode")),
+                      result["verdict"])
     yield table
+    yield from (f"{name}: {result['verdict']} — {result['reason']}" for name, result in report.levers.items()
+                if result["verdict"] not in ("win", "neutral", "loss"))
     sites = report.census.get("decode", {}).get("readback_sites", {})
     yield "readbacks per token: " + (", ".join(f"{site} ×{n:g}" for site, n in sites.items()) or "none")
     yield from _findings(report, "dispatch")

@@ -11,7 +11,6 @@ from typing import NamedTuple
 
 import torch
 
-from kerneltriage.engine.config import ModelConfig
 
 
 class Positions(NamedTuple):
@@ -28,13 +27,11 @@ class KVCache:
     `length` is how many positions hold valid entries; `trim` moves it back without touching memory.
     """
 
-    def __init__(self, config: ModelConfig, max_len: int, batch: int, device: torch.device, dtype: torch.dtype):
-        if max_len > config.max_context:
-            raise ValueError(f"cache length {max_len} exceeds the model's context of {config.max_context}")
-        shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
+    def __init__(self, shape: tuple[int, int, int, int, int], device: torch.device, dtype: torch.dtype):
+        """`shape` (L, B, Hkv, S, D) comes from the model's own attention layers (`Model.cache_shape`)."""
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
-        self.max_len = max_len
+        self.max_len = shape[3]
         self.length = 0
 
     def positions(self, start: int, count: int) -> Positions:
@@ -66,8 +63,8 @@ class StaticKVCache(KVCache):
     each replay) and attend over the first `window` slots, masking those past the current position.
     With `window` None it behaves like KVCache (eager prefill on the same buffers)."""
 
-    def __init__(self, config: ModelConfig, max_len: int, batch: int, device: torch.device, dtype: torch.dtype):
-        super().__init__(config, max_len, batch, device, dtype)
+    def __init__(self, shape: tuple[int, int, int, int, int], device: torch.device, dtype: torch.dtype):
+        super().__init__(shape, device, dtype)
         self.position = torch.zeros((), dtype=torch.long, device=device)
         self.window: int | None = None
 

@@ -117,18 +117,13 @@ def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def _tensor(runner: Runner, tokens: Sequence[int]) -> torch.Tensor:
-    return torch.tensor([list(tokens)], dtype=torch.long, device=runner.device)  # (1, T)
-
-
 @torch.inference_mode()
 def census_prefill(runner: Runner, prompt: Sequence[int]) -> Census:
     """The census of one prefill of `prompt` at depth 0."""
     runner.reset_cache(len(prompt))
-    tokens = _tensor(runner, prompt)
     census = Census()
     with _Counting(census, runner.device):
-        runner.prefill(runner.model, tokens, 0)
+        runner.prefill(prompt, 0)
     return census
 
 
@@ -136,8 +131,8 @@ def census_prefill(runner: Runner, prompt: Sequence[int]) -> Census:
 def census_decode(runner: Runner, prefix: Sequence[int], tokens: int) -> Census:
     """The census of `tokens` tokens of the runner's token loop (the first, from the prefill, excluded)."""
     runner.reset_cache(len(prefix) + tokens + 1)
-    logits = runner.prefill(runner.model, _tensor(runner, prefix), 0)
-    loop: Iterator[int] = runner.decode_loop(runner, logits, len(prefix), tokens + 1, GREEDY, None)
+    logits = runner.prefill(prefix, 0)
+    loop: Iterator[int] = runner.loop(logits, len(prefix), tokens + 1, runner.sampler(GREEDY, prefix))
     next(loop)
     census = Census()
     with _Counting(census, runner.device):

@@ -10,12 +10,9 @@ is reported, without timing claims.
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import warnings
-from collections import Counter
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
@@ -23,6 +20,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kerneltriage.backends.torch.cudagraph import capture
+from kerneltriage.engine.probes import EXPANDED, GateRow, SdpaCall
 
 
 # (backend name, SDPBackend member, the capability probe's name in torch.backends.cuda)
@@ -30,29 +28,6 @@ FUSED = (("flash", "FLASH_ATTENTION", "can_use_flash_attention"),
          ("efficient", "EFFICIENT_ATTENTION", "can_use_efficient_attention"),
          ("cudnn", "CUDNN_ATTENTION", "can_use_cudnn_attention"))
 SDPA_WARMUPS, SDPA_SAMPLES, SDPA_CALLS = 3, 5, 10
-EXPANDED = "+expand_kv"  # suffix of an alternative: K/V repeated to every query head, enable_gqa off
-
-
-@dataclass(frozen=True)
-class SdpaCall:
-    """One attention call as the model made it (shapes, not data)."""
-
-    q: tuple[int, ...]  # (B, H, T, D)
-    k: tuple[int, ...]  # (B, Hkv, S, D)
-    dtype: str
-    mask: tuple[int, ...] | None
-    is_causal: bool
-    enable_gqa: bool
-    mask_is_causal: bool | None = None  # on a fresh prompt (T == S): is the explicit mask exactly causal?
-
-    @property
-    def fresh_prompt(self) -> bool:
-        """As many queries as keys, more than one: a prompt on an empty cache."""
-        return self.q[-2] == self.k[-2] > 1
-
-    def signature(self) -> tuple:
-        """Everything but the key length (which grows every decode step)."""
-        return (self.q, self.k[:-2], self.k[-1], self.dtype, self.mask is not None, self.is_causal, self.enable_gqa)
 
 
 @contextmanager
@@ -86,39 +61,6 @@ def _mask_is_causal(mask: torch.Tensor, queries: int, keys: int) -> bool | None:
 
 def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
-
-
-@dataclass(frozen=True)
-class GateRow:
-    """One distinct attention call of one phase: what it got, what else could run it, and at what cost."""
-
-    phase: str
-    call: SdpaCall
-    calls_per_pass: float
-    default: str  # the backend torch's dispatch picks ("math", "flash", …; "flash (cpu)" on the CPU)
-    usable: dict[str, bool] = field(default_factory=dict)
-    reasons: dict[str, list[str]] = field(default_factory=dict)  # backend → torch's debug warnings
-    seconds: dict[str, float] = field(default_factory=dict)  # per call: "default", "math", usable backends, …
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def distinct_calls(calls: list[SdpaCall], passes: int) -> list[tuple[SdpaCall, float]]:
-    """One representative per signature (the longest key length seen) and its calls per forward pass."""
-    counts = Counter(call.signature() for call in calls)
-    longest: dict[tuple, SdpaCall] = {}
-    for call in calls:
-        best = longest.get(call.signature())
-        if best is None or call.k[-2] > best.k[-2]:
-            longest[call.signature()] = call
-    return [(call, counts[sig] / passes) for sig, call in longest.items()]
-
-
-def at_keys(call: SdpaCall, keys: int) -> SdpaCall:
-    """The same call over `keys` keys (a decode step deeper in the generation)."""
-    mask = None if call.mask is None else call.mask[:-1] + (keys,)
-    return dataclasses.replace(call, k=call.k[:-2] + (keys, call.k[-1]), mask=mask)
 
 
 def random_inputs(call: SdpaCall, device: torch.device, expand: bool = False) -> dict[str, Any]:

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from kerneltriage.backends.torch.dequant import dequantize
-from kerneltriage.backends.torch.models.llama import Model, RMSNorm, rope_inv_freq
+from kerneltriage.backends.torch.models import Model, model_class
+from kerneltriage.backends.torch.models.llama import RMSNorm, rope_inv_freq
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.config import ModelConfig
@@ -68,7 +69,7 @@ def _skeleton(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> 
     """An unfilled Model on `device`: parameters allocated in `dtype` only (cast while still on meta, so no
     float32 copy ever exists on the device), tied where the config says so, RoPE frequencies kept in float32 (in
     bf16 they are off by 0.4%: 8 rad of angle at position 2048)."""
-    model = Model(config, device="meta").to(dtype)
+    model = model_class(config.arch)(config, device="meta").to(dtype)
     model.tie_weights()
     model = model.to_empty(device=device)
     model.tie_weights()

@@ -11,8 +11,6 @@ CPU: tiny — one weight per shape, a few row counts, a synchronized host clock.
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -20,31 +18,11 @@ import torch.nn.functional as F
 from kerneltriage.backends.torch.gates import graph_seconds
 from kerneltriage.backends.torch.models.llama import Model
 from kerneltriage.backends.torch.timing import synced_clock
+from kerneltriage.engine.probes import SweepCurve
 
 SWEEP_ROWS = tuple(range(1, 17))
 CPU_SWEEP_ROWS = (1, 2, 4, 8, 16)  # the CPU sweep stays tiny: one weight per shape, a few rows
 SWEEP_MIN_CALLS, SWEEP_SAMPLES, SWEEP_WARMUPS, CPU_SWEEP_SAMPLES = 32, 5, 2, 3
-
-
-@dataclass(frozen=True)
-class SweepCurve:
-    """Per-call seconds of one projection shape (x (M, K) @ Wᵀ, W (N, K)) at each row count M."""
-
-    name: str  # the op classes with this shape, e.g. "gate_proj/up_proj"
-    k: int
-    n: int
-    weights: int  # distinct weights cycled through (every layer's: none stays cache-resident)
-    rows: tuple[int, ...]
-    seconds: tuple[float, ...]
-    timer: str  # "cuda graph replay" or "cpu clock"
-    weight_bytes: int  # one weight's bytes: what a bandwidth-bound call at small M reads
-
-    def bandwidth(self, index: int = 0) -> float:
-        """Weight bytes read per second at rows[index] (M = 1 first): a GEMV's achieved bandwidth."""
-        return self.weight_bytes / self.seconds[index]
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def projection_shapes(model: Model) -> dict[tuple[int, int], tuple[list[str], list[torch.Tensor]]]:

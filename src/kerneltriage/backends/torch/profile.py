@@ -13,7 +13,7 @@ import functools
 import statistics
 import time
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -22,7 +22,8 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from kerneltriage.backends.torch import timing
-from kerneltriage.backends.torch.gates import SdpaCall, record_sdpa_calls
+from kerneltriage.backends.torch.gates import record_sdpa_calls
+from kerneltriage.engine.probes import PhaseProfile, SdpaCall
 from kerneltriage.backends.torch.models import llama
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.engine.sampling import SamplingParams
@@ -53,27 +54,6 @@ class Instrumentation:
     """What the installed wrappers saw: rows per call of each Linear op class (e.g. the output projection)."""
 
     rows: dict[str, list[int]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class PhaseProfile:
-    """One profiled window. Times in seconds per forward pass (`passes` of them); counts per token."""
-
-    phase: str
-    passes: int
-    tokens: int
-    class_seconds: dict[str, float]
-    busy_seconds: float  # device busy time (union of kernel intervals; CPU: op time) per pass
-    kernels_per_token: float
-    launches_per_token: float  # kernel launch calls (CUDA runtime); a graph launch counts once
-    graph_launches_per_token: float
-    sync_calls_per_token: float  # CUDA runtime synchronizing calls; 0 on the CPU
-    profiled_seconds: float  # wall time per pass under the profiler (inflated by it)
-    output_rows: tuple[int, ...] = ()  # rows the output projection computed, per call
-    attention_calls: tuple[SdpaCall, ...] = ()  # every SDPA call inside the window, as the model made it
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _ranged(fn: Callable, label: str, on_call: Callable[[tuple], None] | None = None) -> Callable:
@@ -115,9 +95,9 @@ def instrumented(runner: Runner) -> Iterator[Instrumentation]:
     A compiled decode step keeps only its step range: wrappers inside it would force a recompilation."""
     seen = Instrumentation()
     with ExitStack() as stack:
-        if not any(lever.startswith("compile=") for lever in runner.levers):
+        if not runner.run_config.has("compile"):
             _wrap_model(stack, runner.model, seen)
-        stack.enter_context(_patched(runner, "decode", _ranged(runner.decode, STEP_RANGE)))
+        stack.enter_context(_patched(runner, "decode_step", _ranged(runner.decode_step, STEP_RANGE)))
         yield seen
 
 
@@ -235,10 +215,6 @@ def _summarize(prof: Any, phase: str, passes: int, tokens: int, wall: float, cud
     )
 
 
-def _tensor(runner: Runner, tokens: Sequence[int]) -> torch.Tensor:
-    return torch.tensor([list(tokens)], dtype=torch.long, device=runner.device)  # (1, T)
-
-
 @torch.inference_mode()
 def profile_prefill(runner: Runner, prefix: Sequence[int], prompt: Sequence[int], warmup: bool = True
                     ) -> PhaseProfile:
@@ -246,15 +222,15 @@ def profile_prefill(runner: Runner, prefix: Sequence[int], prompt: Sequence[int]
     caller has just run this very prefill."""
     runner.reset_cache(len(prefix) + len(prompt))
     if prefix:
-        runner.prefill(runner.model, _tensor(runner, prefix), 0)
-    tokens, depth = _tensor(runner, prompt), len(prefix)
+        runner.prefill(prefix, 0)
+    depth = len(prefix)
     if warmup:  # lazy inits stay out of the window
-        runner.prefill(runner.model, tokens, depth)
-        runner.model.cache.trim(depth)
+        runner.prefill(prompt, depth)
+        runner.trim_cache(depth)
     with instrumented(runner) as seen, profile(activities=_activities(runner.device)) as prof:
         start = timing.synced_clock(runner.device)
         with record_function(WINDOW_RANGE), record_sdpa_calls() as calls:
-            runner.prefill(runner.model, tokens, depth)
+            runner.prefill(prompt, depth)
         wall = timing.synced_clock(runner.device) - start  # the sync stays outside the window
     return _summarize(prof, "prefill", 1, len(prompt), wall, runner.device.type == "cuda", seen, "other", calls)
 
@@ -262,8 +238,8 @@ def profile_prefill(runner: Runner, prefix: Sequence[int], prompt: Sequence[int]
 def _started_loop(runner: Runner, prefix: Sequence[int], steps: int) -> Iterator[int]:
     """The runner's token loop for `steps` + 1 tokens after a prefill of `prefix`, its first token taken."""
     runner.reset_cache(len(prefix) + steps + 1)
-    logits = runner.prefill(runner.model, _tensor(runner, prefix), 0)
-    loop = runner.decode_loop(runner, logits, len(prefix), steps + 1, GREEDY, None)
+    logits = runner.prefill(prefix, 0)
+    loop = runner.loop(logits, len(prefix), steps + 1, runner.sampler(GREEDY, prefix))
     next(loop)
     return loop
 
@@ -289,12 +265,12 @@ def host_issue_seconds(runner: Runner, prefix: Sequence[int], steps: int) -> flo
     """Median seconds the host spends issuing one decode step (the step function returning, before the
     device finishes it), unprofiled. Only meaningful where host and device differ (CUDA)."""
     runner.reset_cache(len(prefix) + steps + 1)
-    logits = runner.prefill(runner.model, _tensor(runner, prefix), 0)
-    token = logits.argmax(dim=-1).view(1, 1)  # (1, 1)
+    logits = runner.prefill(prefix, 0)
+    token = logits.argmax(dim=-1).view(1)  # (1,)
     issued = []
     for position in range(len(prefix), len(prefix) + steps):
         start = timing.synced_clock(runner.device)
-        runner.decode(runner.model, token, position)
+        runner.decode(token, position)
         issued.append(time.perf_counter() - start)
     timing.synchronize(runner.device)
     return statistics.median(issued[1:] or issued)  # the first step may capture or allocate

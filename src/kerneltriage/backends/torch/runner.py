@@ -1,25 +1,32 @@
-"""A loaded model ready to run: the model, its cache, and the step functions that levers replace."""
+"""A loaded model ready to run: the model, its cache, the step functions that levers replace, and the backend
+protocol's runner methods (tokens in and out, a synchronized clock, logits on the host)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 
-from kerneltriage.backends.torch.cache import KVCache
-from kerneltriage.backends.torch.models.llama import Model
-from kerneltriage.backends.torch.sampling import sample
+from kerneltriage.backends.torch import timing
+from kerneltriage.backends.torch.cache import KVCache, StaticKVCache
+from kerneltriage.backends.torch.models import Model
+from kerneltriage.backends.torch.sampling import TorchSampler
 from kerneltriage.engine.checkpoint import Checkpoint
+from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.engine.decoding import TokenLoop, plain_loop
 from kerneltriage.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
 
 # (model, tokens (1, T), start) -> logits (1, V) of the last position
 StepFn = Callable[[Model, torch.Tensor, int], torch.Tensor]
 # (model, tokens (1, T), start) -> logits (T, V) of every position: the speculative verify forward
 RowsFn = Callable[[Model, torch.Tensor, int], torch.Tensor]
-# (runner, logits (1, V) after the prompt, first position to fill, count, params, generator) -> token ids
-LoopFn = Callable[["Runner", torch.Tensor, int, int, SamplingParams, "torch.Generator | None"], Iterator[int]]
+PINNED_SLOTS = 2  # host buffers for tokens in flight: the pipelined loop reads one while the next is copied
 
 
 def prefill(model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
@@ -37,14 +44,28 @@ def verify_rows(model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
     return model(tokens, start)[0]
 
 
-def decode_loop(runner: "Runner", logits: torch.Tensor, start: int, count: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Iterator[int]:
-    """The stock token loop: sample on the device, read the token (one sync), decode it, repeat."""
-    for position in range(start, start + count):
-        token = sample(logits, params, generator)  # (1,)
-        yield int(token.item())
-        if position + 1 < start + count:
-            logits = runner.decode(runner.model, token.view(1, 1), position)
+class _Pending:
+    """A token copied to pinned host memory without blocking; `result` waits for that copy only."""
+
+    def __init__(self, token: torch.Tensor, host: torch.Tensor) -> None:
+        self.host = host
+        host.copy_(token.view(1), non_blocking=True)
+        self.ready = torch.cuda.Event()
+        self.ready.record()
+
+    def result(self) -> int:
+        self.ready.synchronize()
+        return int(self.host[0])
+
+
+class _Read:
+    """A token read at once (CPU: the value is already there)."""
+
+    def __init__(self, token: torch.Tensor | int) -> None:
+        self.value = int(token)
+
+    def result(self) -> int:
+        return self.value
 
 
 @dataclass
@@ -52,21 +73,45 @@ class Runner:
     model: Model
     checkpoint: Checkpoint
     device: torch.device
-    dtype: torch.dtype
-    prefill: StepFn = prefill
-    decode: StepFn = decode_one
-    verify: RowsFn = verify_rows
-    decode_loop: LoopFn = decode_loop
+    torch_dtype: torch.dtype
+    prefill_step: StepFn = prefill
+    decode_step: StepFn = decode_one
+    verify_step: RowsFn = verify_rows
+    token_loop: TokenLoop = plain_loop
     cache_type: type[KVCache] = KVCache
     cache_slack: int = 0  # extra slots past the last position (a padded speculative verify writes beyond it)
-    levers: tuple[str, ...] = field(default_factory=tuple)
+    run_config: RunConfig = field(default_factory=RunConfig)
+    speculation: "SpeculativeDecoder | None" = None
     # Proof of execution: every lever's replacement code counts its own runs here.
     counters: Counter = field(default_factory=Counter)
+    backend: str = "torch"
+    _pinned: list[torch.Tensor] = field(default_factory=list, repr=False)
 
     @property
     def config(self):  # noqa: ANN201 - ModelConfig, re-exported for callers
         return self.checkpoint.config
 
+    @property
+    def levers(self) -> tuple[str, ...]:
+        return self.run_config.lever_names
+
+    @property
+    def device_type(self) -> str:
+        return self.device.type
+
+    @property
+    def dtype(self) -> str:
+        return str(self.torch_dtype).removeprefix("torch.")
+
+    @property
+    def dtype_bytes(self) -> int:
+        return self.torch_dtype.itemsize
+
+    @property
+    def gpu_index(self) -> int | None:
+        return (self.device.index or 0) if self.device.type == "cuda" else None
+
+    # the cache
     def reset_cache(self, needed: int, batch: int = 1) -> KVCache:
         """A cache with room for `needed` positions (+ the slack); reused (and emptied) when big enough."""
         needed = min(needed + self.cache_slack, max(needed, self.config.max_context))
@@ -74,13 +119,85 @@ class Runner:
         stale = cache is None or type(cache) is not self.cache_type
         if stale or cache.max_len < needed or cache.keys.shape[1] != batch:
             self.model.cache = None  # free the old one before allocating
-            cache = self.cache_type(self.config, needed, batch, self.device, self.dtype)
+            cache = self.cache_type(self.model.cache_shape(needed, batch), self.device, self.torch_dtype)
             self.model.cache = cache
         cache.trim(0)
         return cache
 
+    def drop_cache(self) -> None:
+        self.model.cache = None
 
-def build_runner(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Runner:
-    from kerneltriage.backends.torch.load import load_model
+    def trim_cache(self, length: int) -> None:
+        self.model.cache.trim(length)
 
-    return Runner(load_model(checkpoint, device, dtype), checkpoint, device, dtype)
+    @property
+    def cache_capacity(self) -> int:
+        return self.model.cache.max_len
+
+    @property
+    def pads_verify(self) -> bool:
+        return issubclass(self.cache_type, StaticKVCache)
+
+    # tokens in and out
+    def tensor(self, tokens: Sequence[int]) -> torch.Tensor:
+        return torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # (1, T)
+
+    @torch.inference_mode()
+    def prefill(self, tokens: Sequence[int], start: int) -> torch.Tensor:
+        return self.prefill_step(self.model, self.tensor(tokens), start)
+
+    @torch.inference_mode()
+    def decode(self, token: int | torch.Tensor, position: int) -> torch.Tensor:
+        step = token.view(1, 1) if isinstance(token, torch.Tensor) else self.tensor([token])
+        return self.decode_step(self.model, step, position)
+
+    @torch.inference_mode()
+    def verify(self, last: int, drafts: Sequence[int] | torch.Tensor, start: int, rows: int) -> torch.Tensor:
+        drafts = torch.as_tensor(drafts, dtype=torch.long, device=self.device)
+        tokens = torch.cat([torch.tensor([last], device=self.device), drafts])  # (k+1,)
+        # padded to `rows` with the last token repeated: the causal mask hides filler rows from the real ones
+        padded = torch.cat([tokens, tokens[-1:].expand(max(rows - len(tokens), 0))]).view(1, -1)
+        return self.verify_step(self.model, padded, start)[: len(tokens)]
+
+    def sampler(self, params: SamplingParams, prompt: Sequence[int]) -> TorchSampler:
+        return TorchSampler(params, list(prompt), self.device)
+
+    def loop(self, logits: torch.Tensor, start: int, count: int, sampler: TorchSampler) -> Iterator[int]:
+        return self.token_loop(self, logits, start, count, sampler)
+
+    def read_later(self, token: torch.Tensor) -> _Pending | _Read:
+        if self.device.type != "cuda":
+            return _Read(token)
+        if not self._pinned:
+            self._pinned = [torch.empty(1, dtype=torch.long, pin_memory=True) for _ in range(PINNED_SLOTS)]
+        self._pinned.append(self._pinned.pop(0))  # the oldest slot: its token was read already
+        return _Pending(token, self._pinned[-1])
+
+    def greedy(self, logits: torch.Tensor) -> int:
+        return int(logits.argmax(dim=-1).view(-1)[0])
+
+    # clocks and memory
+    def clock(self) -> float:
+        return timing.synced_clock(self.device)
+
+    def synchronize(self) -> None:
+        timing.synchronize(self.device)
+
+    def reset_peak_memory(self) -> None:
+        timing.reset_peak_memory(self.device)
+
+    def peak_memory(self) -> int:
+        return timing.peak_memory_bytes(self.device)
+
+    def held_bytes(self) -> int:
+        """Bytes of the storage behind the model's parameters and buffers (tied tensors once) and of its cache."""
+        tensors = (*self.model.parameters(), *self.model.buffers())
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        cache = self.model.cache
+        return sum(storages.values()) + (0 if cache is None else cache.nbytes)
+
+    def forced_logits(self, prompt: Sequence[int], fed: Sequence[int] | None, count: int
+                      ) -> tuple[np.ndarray, list[int]]:
+        from kerneltriage.backends.torch.forced import forced_logits
+
+        return forced_logits(self, prompt, fed, count)

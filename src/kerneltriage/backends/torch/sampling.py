@@ -1,10 +1,18 @@
-"""Sampling on the device: no host sync inside (the token stays a tensor until the caller reads it)."""
+"""Sampling on the device: no host sync inside (the token stays a tensor until the caller reads it), the logits
+processors of one generation, and speculative acceptance through the same processors."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
+from kerneltriage.backends.torch.acceptance import greedy_accept, rejection_accept
+from kerneltriage.engine.decoding import LogitsProcessor
 from kerneltriage.engine.sampling import SamplingParams
+from kerneltriage.engine.speculative.draft import Draft
+
+REPETITION_CONTEXT = 20  # tokens the repetition penalty looks back over (mlx-lm's default)
 
 
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
@@ -43,3 +51,64 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     # Gumbel-style trick: argmax(p / Exp(1)) samples from p without torch.multinomial's host sync.
     noise = torch.empty_like(probs).exponential_(1, generator=generator)
     return (probs / noise).argmax(dim=-1)
+
+
+def repetition_penalty(penalty: float) -> LogitsProcessor:
+    """mlx-lm's repetition penalty as a logits processor: the logits of the last REPETITION_CONTEXT tokens are
+    divided by `penalty` when positive and multiplied by it when negative (both lower their probability)."""
+
+    def process(tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        seen = tokens[-REPETITION_CONTEXT:]
+        picked = logits[:, seen]  # (1, N)
+        return logits.index_put((torch.zeros_like(seen), seen),
+                                torch.where(picked < 0, picked * penalty, picked / penalty)[0])
+
+    return process
+
+
+class TorchSampler:
+    """The sampler of one generation: its logits processors over the token history (kept on the device), its
+    parameters and random generator; every token it emits joins the history."""
+
+    def __init__(self, params: SamplingParams, prompt: list[int], device: torch.device,
+                 processors: Sequence[LogitsProcessor] = ()) -> None:
+        self.params, self.prompt, self.device = params, prompt, device
+        self.generator = make_generator(params, device)
+        self.processors = list(processors)
+        if params.repetition_penalty != 1.0:
+            self.processors.append(repetition_penalty(params.repetition_penalty))
+        self.history = torch.tensor(prompt, dtype=torch.long, device=device)  # (N,)
+
+    def process(self, tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        for processor in self.processors:
+            logits = processor(tokens, logits)
+        return logits
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.processors:
+            logits = self.process(self.history, logits)
+        token = sample(logits, self.params, self.generator)  # (1,)
+        if self.processors:
+            self.history = torch.cat([self.history, token.view(1)])
+        return token
+
+    def accept(self, logits: torch.Tensor, draft: Draft) -> list[int]:
+        """Exact acceptance of `draft` over verify logits (k+1, V): row i is processed with the history and the
+        first i drafts, as plain decoding would have processed it had it emitted them."""
+        drafts = torch.as_tensor(draft.tokens, dtype=torch.long, device=logits.device)  # (k,)
+        if self.processors:
+            logits = torch.cat([self.process(torch.cat([self.history, drafts[:i]]), logits[i:i + 1])
+                                for i in range(len(logits))])
+        emitted = greedy_accept(logits, drafts) if self.params.greedy else self._sampled(logits, drafts, draft)
+        if self.processors:
+            self.history = torch.cat([self.history, torch.tensor(emitted, device=self.history.device)])
+        return emitted
+
+    def _sampled(self, logits: torch.Tensor, drafts: torch.Tensor, draft: Draft) -> list[int]:
+        p = filter_logits(logits, self.params).softmax(-1)  # (k+1, V)
+        q = draft.probs
+        if q is None:  # a deterministic draft (ngram): q is one-hot on the drafted token
+            q = torch.zeros_like(p[:-1]).scatter_(-1, drafts.unsqueeze(-1), 1.0)
+        n, token = rejection_accept(p[None], q[None], drafts[None], self.generator)
+        packed = torch.cat([n, drafts, token]).tolist()  # one host sync
+        return packed[1:packed[0] + 1] + packed[-1:]

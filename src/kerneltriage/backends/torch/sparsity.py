@@ -8,13 +8,13 @@ the deepest context, and the weights below a threshold counted among the keys ea
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
 from kerneltriage.backends.torch.cache import Positions
 from kerneltriage.backends.torch.runner import Runner
+from kerneltriage.engine.probes import Sparsity
 
 SPARSE_THRESHOLD = 1e-6
 QUERY_ROWS = 16  # the last prompt positions: the queries with the most keys to skip
@@ -37,19 +37,6 @@ PASSAGE = (
 )
 
 
-@dataclass(frozen=True)
-class Sparsity:
-    """Fraction of attention weights below `threshold` at prompt depth `depth`, overall and per layer."""
-
-    depth: int
-    threshold: float
-    fraction: float
-    per_layer: tuple[float, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def _below(q: torch.Tensor, k: torch.Tensor, start: int, threshold: float) -> tuple[int, int]:
     """(weights below threshold, weights counted) for the last QUERY_ROWS queries of q (B, H, T, D)."""
     rows = min(QUERY_ROWS, q.shape[2])
@@ -69,14 +56,15 @@ def attention_sparsity(runner: Runner, tokens: Sequence[int], threshold: float =
     model, inner = runner.model, runner.model.attention
     counts: list[tuple[int, int]] = []
 
-    def inspecting(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: Positions) -> torch.Tensor:
+    def inspecting(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: Positions, **kwargs: object
+                   ) -> torch.Tensor:
         counts.append(_below(q, k, pos.start or 0, threshold))
-        return inner(q, k, v, pos)
+        return inner(q, k, v, pos, **kwargs)
 
     runner.reset_cache(len(tokens))
     model.attention = inspecting
     try:
-        runner.prefill(model, torch.tensor([list(tokens)], device=runner.device), 0)
+        runner.prefill(tokens, 0)
     finally:
         model.attention = inner
     small, total = (sum(column) for column in zip(*counts))

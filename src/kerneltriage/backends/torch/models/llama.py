@@ -1,7 +1,8 @@
-"""Llama-family decoder (llama, qwen2, qwen3) for PyTorch.
+"""Llama for PyTorch (also the base of qwen2 and qwen3, which change only what differs).
 
-No feature flags in `forward`: levers swap whole functions or modules from outside (the attention
-function on `Model.attention`, projections, the step functions that call the model).
+No feature flags in `forward`: levers swap whole functions or modules from outside (the attention function on
+`Model.attention`, projections, the step functions that call the model). Attention and the KV cache keep their
+own head counts, so a transform (sharding, a MoE block) can change them per module.
 """
 
 from __future__ import annotations
@@ -17,22 +18,32 @@ from kerneltriage.backends.torch.cache import KVCache, Positions
 from kerneltriage.engine.config import ModelConfig
 
 Device = torch.device | str | None
-# (q (B,H,T,D), k (B,Hkv,S,D), v (B,Hkv,S,D), positions) -> (B,H,T,D)
-AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Positions], torch.Tensor]
+# F.scaled_dot_product_attention or a replacement with its signature (a lever may pin its backend)
+SdpaFn = Callable[..., torch.Tensor]
 
 
-def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def SDPA(*args: object, **kwargs: object) -> torch.Tensor:  # noqa: N802 - stands for F.scaled_dot_product_attention
+    """F.scaled_dot_product_attention, looked up at each call (a probe may wrap it for a while)."""
+    return F.scaled_dot_product_attention(*args, **kwargs)
+
+# (q (B,H,T,D), k (B,Hkv,S,D), v (B,Hkv,S,D), positions, sdpa=SDPA) -> (B,H,T,D); a wrapper passes `sdpa` on
+AttentionFn = Callable[..., torch.Tensor]
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      sdpa: SdpaFn = SDPA) -> torch.Tensor:
     """GQA as plain attention under a (T, S) mask: each KV head's G query heads are folded into the query axis,
     so no backend needs GQA support and K/V are never expanded (math-backend GQA copies them G times)."""
     batch, heads, length, dim = q.shape
     groups = heads // k.shape[1]
     # (B, H, T, D) → (B, Hkv, G*T, D): query head j*G+i belongs to KV head j
     folded = q.reshape(batch, k.shape[1], groups * length, dim)
-    out = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask.repeat(groups, 1))  # mask (G*T, S)
+    out = sdpa(folded, k, v, attn_mask=mask.repeat(groups, 1))  # mask (G*T, S)
     return out.reshape(batch, heads, length, dim)
 
 
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: Positions) -> torch.Tensor:
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: Positions,
+                   sdpa: SdpaFn = SDPA) -> torch.Tensor:
     """Attention of T new queries over the keys the cache returned.
 
     A static cache supplies its mask. Otherwise: a fresh prompt needs only `is_causal`; one new token sees
@@ -40,14 +51,14 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: Posit
     """
     length = q.shape[2]
     if pos.mask is not None:
-        return grouped_attention(q, k, v, pos.mask)
+        return grouped_attention(q, k, v, pos.mask, sdpa)
     if pos.start == 0:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=length > 1, enable_gqa=True)
+        return sdpa(q, k, v, is_causal=length > 1, enable_gqa=True)
     if length == 1:
-        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        return sdpa(q, k, v, enable_gqa=True)
     rows = torch.arange(length, device=q.device).unsqueeze(1) + pos.start
     mask = torch.arange(k.shape[2], device=q.device).unsqueeze(0) <= rows  # (T, S): query i sees keys ≤ start+i
-    return grouped_attention(q, k, v, mask)
+    return grouped_attention(q, k, v, mask, sdpa)
 
 
 class Step(NamedTuple):
@@ -100,36 +111,38 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    BIAS = False  # biases on q, k and v (qwen2 has them; a llama checkpoint may too: config.attention_bias)
+
     def __init__(self, config: ModelConfig, device: Device = None) -> None:
         super().__init__()
-        self.config = config
-        bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, config.q_size, bias=bias, device=device)
-        self.k_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias, device=device)
-        self.v_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias, device=device)
-        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False, device=device)
-        if config.qk_norm:
-            self.q_norm = RMSNorm(config.head_dim, config.rms_eps, device)
-            self.k_norm = RMSNorm(config.head_dim, config.rms_eps, device)
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        bias = self.BIAS or config.attention_bias
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, q_size, bias=bias, device=device)
+        self.k_proj = nn.Linear(config.hidden_size, kv_size, bias=bias, device=device)
+        self.v_proj = nn.Linear(config.hidden_size, kv_size, bias=bias, device=device)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False, device=device)
 
     def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
+    def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head norms of q and k before RoPE: none in llama (qwen3 has them)."""
+        return q, k
+
     def forward(self, x: torch.Tensor, layer: int, step: Step) -> torch.Tensor:
-        cfg = self.config
         batch, length, _ = x.shape
         q, k, v = self.qkv(x)
         # (B, T, H*D) → (B, H, T, D)
-        q = q.view(batch, length, cfg.num_heads, cfg.head_dim).transpose(1, 2)
-        k = k.view(batch, length, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        v = v.view(batch, length, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        if cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = self.qk_norm(q, k)
         q, k = apply_rope(q, step.cos, step.sin), apply_rope(k, step.cos, step.sin)
         keys, values = step.cache.update(layer, step.pos, k, v)  # (B, Hkv, S, D)
         out = step.attention(q, keys, values, step.pos)
         # (B, H, T, D) → (B, T, H*D)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, length, cfg.q_size))
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim))
 
 
 class MLP(nn.Module):
@@ -149,10 +162,12 @@ class MLP(nn.Module):
 
 
 class TransformerBlock(nn.Module):
+    ATTENTION: type[Attention] = Attention
+
     def __init__(self, config: ModelConfig, device: Device = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_eps, device)
-        self.self_attn = Attention(config, device)
+        self.self_attn = self.ATTENTION(config, device)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_eps, device)
         self.mlp = MLP(config, device)
 
@@ -167,6 +182,10 @@ class Model(nn.Module):
     They are apart so that callers (and levers) decide which positions need logits.
     """
 
+    BLOCK: type[TransformerBlock] = TransformerBlock
+    # the named seams where a lever or a custom kernel may replace the stock op (engine/levers.py: SEAMS)
+    SEAMS = ("norm", "qkv", "attn.decode", "attn.prefill", "o_proj", "gate_up", "down", "lm_head", "linear.gemv")
+
     def __init__(self, config: ModelConfig, device: Device = None) -> None:
         """`device="meta"` builds the skeleton without memory; `load.py` then fills it on the real device."""
         super().__init__()
@@ -174,13 +193,18 @@ class Model(nn.Module):
         # from_pretrained skips the random init (on meta, normal_ alone would import torch's compiler: 2 s)
         embed = torch.empty(config.vocab_size, config.hidden_size, device=device)
         self.embed_tokens = nn.Embedding.from_pretrained(embed, freeze=True)
-        self.layers = nn.ModuleList(TransformerBlock(config, device) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(self.BLOCK(config, device) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_eps, device)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device=device)
         inv_freq = torch.empty(config.head_dim // 2, dtype=torch.float32, device=device)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.attention: AttentionFn = sdpa_attention
         self.cache: KVCache | None = None
+
+    def cache_shape(self, max_len: int, batch: int = 1) -> tuple[int, int, int, int, int]:
+        """(L, B, Hkv, S, D): the KV cache this model's attention layers write."""
+        attention = self.layers[0].self_attn
+        return len(self.layers), batch, attention.num_kv_heads, max_len, attention.head_dim
 
     def tie_weights(self) -> None:
         if self.config.tie_embeddings:

@@ -1,4 +1,4 @@
-"""Peers measured in the same command, on the same weights, prompt tokens and lengths as kerneltriage.
+"""The Hugging Face transformers peers, on the same weights, prompt tokens and lengths as kerneltriage.
 
 - `hf`: transformers eager. A GGUF is loaded by transformers itself (`gguf_file=`), a HF folder with
   `from_pretrained`, a preset (random weights) with `from_config` and OUR weights copied in.
@@ -7,11 +7,8 @@
 - `hf-static`: the same `generate` with `cache_implementation="static"`, which compiles the decode step
   by itself (CUDA only; the first call compiles for about a minute). Its prefill is not compiled, so
   pp tests are left to `hf`.
-- `llama.cpp` (llamacpp_peer.py): the `llama_cpp` package (all layers on the GPU, flash attention on) or a
-  `llama-bench` binary (`--llama-bench PATH`), whose pp/tg rows map one to one onto ours. Needs a GGUF.
 
-EOS is ignored everywhere, as in every token loop under test. A peer that is not installed is reported,
-never silently dropped; a peer that fails raises (a failed measurement is not a result).
+EOS is ignored, as in every token loop under test. Torch-only: the runner's weights are copied for presets.
 """
 
 from __future__ import annotations
@@ -23,64 +20,17 @@ import inspect
 import io
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 
 from kerneltriage.backends.torch import timing
 from kerneltriage.backends.torch.runner import Runner
-from kerneltriage.bench.harness import (KerneltriageEngine, Progress, Sample, Settings, TestResult, resident_bytes,
-                                        run_interleaved)
-from kerneltriage.bench.llamacpp_peer import NOT_INSTALLED, PeerRun, open_llama_cpp
-from kerneltriage.bench.workloads import Test, Tokens, tokens_for
-from kerneltriage.core.errors import InputError
+from kerneltriage.bench.compare import NOT_INSTALLED, PeerRun
+from kerneltriage.bench.harness import Sample
+from kerneltriage.bench.workloads import Test, Tokens
 
-PEERS = ("hf", "hf-static", "llama.cpp")
 _HF_CONFIGS = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
-
-
-def parse_peers(text: str) -> tuple[str, ...]:
-    """`hf,llama.cpp` → ('hf', 'llama.cpp'); an unknown name is an InputError."""
-    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
-    for name in names:
-        if name not in PEERS:
-            raise InputError(f"--peers: unknown peer {name!r}; expected some of {', '.join(PEERS)}")
-    return names
-
-
-def open_peer(name: str, runner: Runner, tests: Sequence[Test], settings: Settings,
-              progress: Progress | None = None, llama_bench: Path | None = None) -> PeerRun:
-    """A peer loaded and ready to be interleaved (`engine`), one that ran by itself (`results`: a
-    llama-bench binary), or why it cannot run (`unavailable`)."""
-    if progress is not None:
-        progress(0, f"loading {name}")
-    if name in ("hf", "hf-static"):
-        return _open_hf(name, runner)
-    return open_llama_cpp(runner, tests, settings, progress, llama_bench)
-
-
-def run_bench(runner: Runner, tests: Sequence[Test], peers: Sequence[str], settings: Settings,
-              progress: Progress | None = None, llama_bench: Path | None = None) -> tuple[list[TestResult], list[PeerRun]]:
-    """Every test on kerneltriage and every peer, test by test, samples interleaved across engines."""
-    ours = KerneltriageEngine(runner)
-    runs = [open_peer(name, runner, tests, settings, progress, llama_bench) for name in peers]
-    results: list[TestResult] = []
-    try:
-        for test in tests:
-            engines = [ours]
-            for run in (r for r in runs if r.engine is not None):
-                why = run.engine.supports(test)
-                if why is None:
-                    engines.append(run.engine)
-                else:
-                    run.skipped[test.name] = why
-            tokens = tokens_for(test, runner.config.vocab_size, settings.seed)
-            results += run_interleaved(engines, test, tokens, settings, runner.device, progress)
-    finally:
-        for run in runs:
-            if run.engine is not None:
-                run.engine.close()
-    return results + [r for run in runs for r in run.results], runs
 
 
 # ---- Hugging Face transformers ----------------------------------------------------------------------
@@ -111,13 +61,13 @@ def load_hf(runner: Runner) -> torch.nn.Module:
     source = Path(runner.checkpoint.source)
     if runner.config.random_weights:
         with torch.device(runner.device):
-            model = AutoModelForCausalLM.from_config(_hf_config(runner), dtype=runner.dtype)
+            model = AutoModelForCausalLM.from_config(_hf_config(runner), dtype=runner.torch_dtype)
         _copy_our_weights(model, runner)
     elif source.suffix == ".gguf":
         with contextlib.redirect_stderr(io.StringIO()):  # its GGUF converter's own tqdm bar ignores the above
-            model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=runner.dtype)
+            model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=runner.torch_dtype)
     else:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=runner.dtype)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=runner.torch_dtype)
     model = model.to(runner.device).eval()
     model.generation_config.eos_token_id = None  # EOS ignored: always N tokens
     model.generation_config.pad_token_id = 0
@@ -191,7 +141,8 @@ def _hf_decode_sample(model: torch.nn.Module, tokens: Tokens, count: int, device
     return Sample(last - first, first - start, tuple(stamps.tokens))
 
 
-def _open_hf(name: str, runner: Runner) -> PeerRun:
+def open_hf(name: str, runner: Runner) -> PeerRun:
+    """`hf` or `hf-static` loaded beside the runner, or why it cannot run."""
     if importlib.util.find_spec("transformers") is None:
         return PeerRun(name, unavailable=NOT_INSTALLED)
     if name == "hf-static" and runner.device.type != "cuda":
@@ -207,6 +158,7 @@ class HFEngine:
         self.name, self.model, self.device = name, model, device
         self.static = name == "hf-static"
         self.params = {"attention": model.config._attn_implementation}
+        self.before = 0
 
     def supports(self, test: Test) -> str | None:
         # generate compiles the decode step only: a static-cache prefill is hf's eager prefill
@@ -217,9 +169,19 @@ class HFEngine:
             return lambda: _hf_prefill_sample(self.model, tokens, self.device)
         return lambda: _hf_decode_sample(self.model, tokens, test.n, self.device, self.static)
 
-    def peak_memory(self, transient: int | None) -> int | None:
+    def start_memory(self) -> None:
+        if self.device.type == "cuda":
+            timing.synchronize(self.device)
+            timing.reset_peak_memory(self.device)
+            self.before = torch.cuda.memory_allocated(self.device)
+
+    def peak_memory(self) -> int | None:
         """CUDA: its weights + the warm-ups' transient peak (caches, activations); CPU: not reported."""
-        return None if transient is None else resident_bytes(self.model) + transient
+        if self.device.type != "cuda":
+            return None
+        tensors = (*self.model.parameters(), *self.model.buffers())
+        resident = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+        return resident + torch.cuda.max_memory_allocated(self.device) - self.before
 
     def close(self) -> None:
         del self.model

@@ -14,33 +14,17 @@ import json
 import os
 import subprocess
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import torch
-
-from kerneltriage.backends.torch.runner import Runner
-from kerneltriage.bench.harness import Engine, Progress, Sample, Settings, TestResult, build_result
+from kerneltriage.bench.compare import NOT_INSTALLED, PeerRun
+from kerneltriage.bench.harness import Progress, Sample, Settings, TestResult, build_result
+from kerneltriage.engine.backend import Runner
 from kerneltriage.bench.workloads import Test, Tokens, depths_and_sizes
 from kerneltriage.core.environment import Snapshot
 from kerneltriage.core.errors import InputError
 
-NOT_INSTALLED = "not installed"
 LLAMA_BENCH_TIMEOUT_S = 3600
-
-
-@dataclass
-class PeerRun:
-    """One peer: an engine to interleave, results it produced by itself (a llama-bench binary), tests it
-    does not run (test name → why), or why it cannot run at all."""
-
-    name: str
-    engine: Engine | None = None
-    results: list[TestResult] = field(default_factory=list)
-    skipped: dict[str, str] = field(default_factory=dict)
-    unavailable: str | None = None
-    note: str = ""
 
 
 def _gguf_path(runner: Runner) -> Path | None:
@@ -55,12 +39,12 @@ def open_llama_cpp(runner: Runner, tests: Sequence[Test], settings: Settings, pr
     if gguf is None:
         return PeerRun("llama.cpp", unavailable="needs a GGUF", note="presets and HF folders have none")
     if llama_bench is not None:
-        return run_llama_bench(llama_bench, gguf, runner.device, tests, settings, progress)
+        return run_llama_bench(llama_bench, gguf, runner.device_type, tests, settings, progress)
     if importlib.util.find_spec("llama_cpp") is None:
         return PeerRun("llama.cpp", unavailable=NOT_INSTALLED)
     from llama_cpp import Llama
 
-    cuda = runner.device.type == "cuda"
+    cuda = runner.device_type == "cuda"
     context = max(t.context_needed for t in tests) + 1
     llm = Llama(model_path=str(gguf), n_ctx=context, n_batch=min(2048, context), n_gpu_layers=-1 if cuda else 0,
                 flash_attn=True, n_threads=os.cpu_count(), verbose=False)
@@ -83,8 +67,11 @@ class LlamaCppEngine:
     def prepare(self, test: Test, tokens: Tokens) -> Callable[[], Sample]:
         return _llama_prefill_fn(self.llm, tokens) if test.kind == "pp" else _llama_decode_fn(self.llm, tokens, test.n)
 
-    def peak_memory(self, transient: int | None) -> int | None:
-        return None  # its memory is not torch's
+    def start_memory(self) -> None:
+        pass
+
+    def peak_memory(self) -> int | None:
+        return None  # its memory is its own: no reading of it here
 
     def close(self) -> None:
         getattr(self.llm, "close", lambda: None)()  # frees the model and context now, not at exit
@@ -121,12 +108,12 @@ def _llama_decode_fn(llm: Any, tokens: Tokens, count: int) -> Callable[[], Sampl
     return run_sample
 
 
-def llama_bench_command(binary: Path, gguf: Path, device: torch.device, tests: Sequence[Test],
+def llama_bench_command(binary: Path, gguf: Path, device: str, tests: Sequence[Test],
                         repeats: int) -> list[str]:
     """One llama-bench invocation covering every test (its cross product equals ours)."""
     sizes = depths_and_sizes(tests)
     join = lambda values: ",".join(map(str, values or [0]))  # noqa: E731
-    gpu_layers = "99" if device.type == "cuda" else "0"
+    gpu_layers = "99" if device == "cuda" else "0"
     return [str(binary), "-m", str(gguf), "-p", join(sizes["pp"]), "-n", join(sizes["tg"]),
             "-d", join(sizes["depth"]), "-r", str(repeats), "-ngl", gpu_layers, "-fa", "1", "-o", "json"]
 
@@ -147,7 +134,7 @@ def parse_llama_bench(rows: list[dict[str, Any]], tests: Sequence[Test]) -> list
     return results
 
 
-def run_llama_bench(binary: Path, gguf: Path, device: torch.device, tests: Sequence[Test], settings: Settings,
+def run_llama_bench(binary: Path, gguf: Path, device: str, tests: Sequence[Test], settings: Settings,
                     progress: Progress | None) -> PeerRun:
     """Run the binary once for all tests and map its rows onto ours."""
     command = llama_bench_command(binary, gguf, device, tests, settings.repeats)

@@ -1,0 +1,105 @@
+"""The torch backend: builds runners and answers triage's probes, as `engine/backend.py` describes."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any, Sequence
+
+import torch
+
+from kerneltriage.backends.torch.device import resolve_device, resolve_dtype
+from kerneltriage.backends.torch.levers import apply_config
+from kerneltriage.backends.torch.runner import Runner
+from kerneltriage.engine.checkpoint import Checkpoint
+from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.engine.probes import GateRow, PhaseProfile, SdpaCall, Sparsity, SweepCurve
+
+
+def build_runner(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Runner:
+    """A stock runner: the checkpoint's weights on `device` in `dtype`, no levers."""
+    from kerneltriage.backends.torch.load import load_model
+
+    return Runner(load_model(checkpoint, device, dtype), checkpoint, device, dtype)
+
+
+class TorchBackend:
+    name = "torch"
+
+    def resolve_device(self, name: str) -> str:
+        return str(resolve_device(name))
+
+    def resolve_dtype(self, name: str | None, device: str) -> str:
+        return str(resolve_dtype(name, torch.device(device))).removeprefix("torch.")
+
+    def build(self, checkpoint: Checkpoint, config: RunConfig, device: str, dtype: str) -> Runner:
+        return apply_config(build_runner(checkpoint, torch.device(device), getattr(torch, dtype)), config)
+
+    def copy(self, runner: Runner, config: RunConfig) -> Runner:
+        from kerneltriage.backends.torch.load import stock_copy
+
+        stock = Runner(stock_copy(runner.model), runner.checkpoint, runner.device, runner.torch_dtype)
+        return apply_config(stock, config)
+
+    def float32_reference(self, runner: Runner) -> Runner:
+        reference = build_runner(runner.checkpoint, runner.device, runner.torch_dtype)  # bit-identical weights …
+        reference.model.float()  # … then exact upcasts: only the arithmetic differs
+        reference.torch_dtype = torch.float32
+        return reference
+
+    def release(self, runner: Runner) -> None:
+        """Drop the runner's cache and collect (lever closures hold cycles): a large copy must not linger."""
+        runner.drop_cache()
+        gc.collect()
+        if runner.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def seam_errors(self, runner: Runner) -> dict[str, tuple[float, float]]:
+        from kerneltriage.backends.torch.seams import seam_errors
+
+        seams = tuple(dict.fromkeys(seam for s in runner.run_config.levers if s.lever.numerics != "exact"
+                                    for seam in s.lever.seams))
+        return seam_errors(runner.model, seams) if seams else {}
+
+    def ceilings(self, device: str, dtype: str, refresh: bool = False) -> Any:
+        from kerneltriage.backends.torch.ceilings import get_ceilings
+
+        return get_ceilings(torch.device(device), getattr(torch, dtype), refresh=refresh)
+
+    def profile(self, runner: Runner, phase: str, prefix: Sequence[int], tokens: Sequence[int] | int
+                ) -> PhaseProfile:
+        from kerneltriage.backends.torch import profile
+
+        if phase == "prefill":
+            return profile.profile_prefill(runner, prefix, tokens, warmup=runner.device.type == "cuda")
+        return profile.profile_decode(runner, prefix, tokens)
+
+    def host_issue_seconds(self, runner: Runner, prefix: Sequence[int], steps: int) -> float | None:
+        from kerneltriage.backends.torch import profile
+
+        return profile.host_issue_seconds(runner, prefix, steps) if runner.device.type == "cuda" else None
+
+    def census(self, runner: Runner, phase: str, prefix: Sequence[int], tokens: Sequence[int] | int
+               ) -> dict[str, Any]:
+        from kerneltriage.backends.torch import census
+
+        if phase == "prefill":
+            return census.census_prefill(runner, tokens).per(1)
+        return census.census_decode(runner, prefix, tokens).per(tokens)
+
+    def attention_gates(self, phase: str, call: SdpaCall, calls_per_pass: float, device: str) -> GateRow:
+        from kerneltriage.backends.torch import gates
+
+        return gates.gate_row(phase, call, calls_per_pass, torch.device(device))
+
+    def sweep_projections(self, runner: Runner, rows: tuple[int, ...] | None) -> list[SweepCurve]:
+        from kerneltriage.backends.torch import msweep
+
+        return msweep.m_sweep(runner.model, runner.device, rows)
+
+    def attention_sparsity(self, runner: Runner) -> Sparsity:
+        from kerneltriage.backends.torch.sparsity import attention_sparsity, passage_tokens
+
+        return attention_sparsity(runner, passage_tokens(runner))
+
+
+BACKEND = TorchBackend()

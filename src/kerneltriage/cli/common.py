@@ -1,0 +1,46 @@
+"""The engine flags every command shares (--model, --backend, --device, --dtype, --levers, --spec, --spec-depth):
+parsed into one RunConfig before anything loads, then one runner built through the backend protocol."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.engine.levers import help_table
+
+LEVERS_HELP = "levers (--levers a,b; each applied from outside the model):\n" + help_table()
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model/--backend/--device/--dtype/--levers/--spec/--spec-depth, shared by every command that runs the engine."""
+    add = parser.add_argument
+    add("--model", default="default", help="default | preset | FILE.gguf | HF folder (default: %(default)s)")
+    add("--backend", default="auto", help="auto | torch (default: auto = torch; mlx arrives with its backend)")
+    add("--device", default="auto", help="auto | cuda | cuda:N | cpu (default: auto = cuda if visible)")
+    add("--dtype", default="auto", help="auto (bf16 on cuda, float32 on cpu) | float32 | bf16 | fp16")
+    add("--levers", default="", help="comma-separated levers to switch on (listed below), e.g. last_logits,graphs")
+    add("--spec", default=None, help="speculative decoding: ngram[:N] | selfdraft[:L] | draft:MODEL")
+    add("--spec-depth", default=None, help="draft tokens per step: 1..16 or auto (default: auto)")
+
+
+def run_config(args: argparse.Namespace, speculate: bool = True) -> RunConfig:
+    """The configuration the flags ask for (an InputError before any loading when they are wrong)."""
+    return RunConfig.from_flags(args.levers, args.spec if speculate else None, args.spec_depth if speculate else None)
+
+
+def build_runner(checkpoint: Any, args: argparse.Namespace, config: RunConfig) -> Any:
+    """Backend, device and dtype from the flags; load the weights there with `config`; say how long that took."""
+    from kerneltriage.engine.backend import get_backend
+
+    backend = get_backend(args.backend)
+    device = backend.resolve_device(args.device)
+    dtype = backend.resolve_dtype(args.dtype, device)
+    started = time.perf_counter()
+    runner = backend.build(checkpoint, config, device, dtype)
+    note = " — RANDOM WEIGHTS: speed only, the text is noise" if checkpoint.config.random_weights else ""
+    print(f"loaded {checkpoint.source} on {device} ({dtype}, {backend.name}) in "
+          f"{time.perf_counter() - started:.1f} s{note}", file=sys.stderr)
+    return runner

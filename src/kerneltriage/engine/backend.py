@@ -1,0 +1,186 @@
+"""The backend protocol: what `bench/` and `triage/` may ask of an engine, whatever framework runs it.
+
+A backend (torch today, mlx next) builds runners from a checkpoint and a `RunConfig`, and answers triage's
+probes with plain records (`engine/probes.py`). A runner holds one model with its levers and cache, and
+exposes tokens in and out, a synchronized clock and logits on the host. The decode loops
+(`engine/decoding.py`) and speculative decoding (`engine/speculative/`) are written against `Steps`, the part
+of a runner the token loop needs; device arrays (logits, tokens) pass through them as opaque handles.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence
+
+from kerneltriage.core.errors import InputError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from kerneltriage.engine.checkpoint import Checkpoint
+    from kerneltriage.engine.config import ModelConfig
+    from kerneltriage.engine.configuration import RunConfig
+    from kerneltriage.engine.probes import Census, GateRow, PhaseProfile, SdpaCall, Sparsity, SweepCurve
+    from kerneltriage.engine.sampling import SamplingParams
+    from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
+
+BACKENDS = {"torch": "kerneltriage.backends.torch.backend"}
+Array = Any  # a backend's device array (torch.Tensor, mx.array): opaque to the engine
+
+
+class Pending(Protocol):
+    """A token id on its way to the host (a non-blocking copy, or an async evaluation)."""
+
+    def result(self) -> int:
+        """Wait for it and return it."""
+
+
+class Sampler(Protocol):
+    """Sampling with the logits processors `(tokens, logits) → logits` of one generation; it keeps the token
+    history on the device (prompt, then every token it emitted), so no host sync is needed to sample."""
+
+    prompt: list[int]  # the host tokens the generation started from
+
+    def __call__(self, logits: Array) -> Array:
+        """The next token (a device array) from logits (1, V); the token joins the history."""
+
+    def accept(self, logits: Array, draft: Any) -> list[int]:
+        """Speculative acceptance over verify logits (k+1, V) of `draft` (backend's draft record): the tokens
+        to emit, exact for this sampler's distribution; they join the history. One host sync."""
+
+
+class Steps(Protocol):
+    """What a token loop needs from a runner."""
+
+    counters: Counter
+
+    def decode(self, token: int | Array, position: int) -> Array:
+        """One decode step of a token (a host id or a device array (1,)) at `position`: logits (1, V)."""
+
+    def verify(self, last: int, drafts: Sequence[int] | Array, start: int, rows: int) -> Array:
+        """One forward over [last, drafts…] at positions start…: logits (k+1, V) of the real rows; padded to
+        `rows` rows when that is larger (a fixed-shape verify: the padded rows are computed and dropped)."""
+
+    def read_later(self, token: Array) -> Pending:
+        """Start copying a device token to the host without waiting for it."""
+
+    def trim_cache(self, length: int) -> None:
+        """Forget cache positions from `length` on."""
+
+    def clock(self) -> float:
+        """Seconds, after all queued device work has finished."""
+
+    @property
+    def cache_capacity(self) -> int:
+        """Positions the current cache holds."""
+
+    @property
+    def pads_verify(self) -> bool:
+        """True when steps are captured at fixed shapes: every verify then has the deepest step's rows."""
+
+
+class Runner(Steps, Protocol):
+    """One model, its levers and cache: what bench, ab and triage use."""
+
+    checkpoint: "Checkpoint"
+    run_config: "RunConfig"
+    backend: str
+    device: str  # "cuda:0", "cpu"
+    device_type: str  # "cuda", "cpu", "metal"
+    dtype: str  # "bfloat16", "float32"
+    dtype_bytes: int
+    gpu_index: int | None  # the GPU whose clocks and temperature snapshots read (None: no GPU)
+    speculation: "SpeculativeDecoder | None"
+
+    @property
+    def config(self) -> "ModelConfig": ...
+
+    def reset_cache(self, needed: int) -> None:
+        """A cache with room for `needed` positions, emptied; reused when big enough."""
+
+    def drop_cache(self) -> None:
+        """Free the cache (the next reset allocates exactly what it needs)."""
+
+    def prefill(self, tokens: Sequence[int], start: int) -> Array:
+        """Prefill host tokens at positions start…: logits (1, V) of the last position."""
+
+    def sampler(self, params: "SamplingParams", prompt: Sequence[int]) -> Sampler:
+        """A sampler for one generation after `prompt`."""
+
+    def loop(self, logits: Array, start: int, count: int, sampler: Sampler) -> Iterator[int]:
+        """The token loop (stock, pipelined or speculative, as the levers chose): `count` host token ids."""
+
+    def greedy(self, logits: Array) -> int:
+        """The argmax token of logits (1, V), read on the host."""
+
+    def synchronize(self) -> None:
+        """Wait for all queued device work."""
+
+    def forced_logits(self, prompt: Sequence[int], fed: Sequence[int] | None, count: int
+                      ) -> tuple["np.ndarray", list[int]]:
+        """Float32 logits (count, V) on the host after the prompt and after each token fed (None: its own greedy
+        tokens), through the runner's own steps (a speculating runner through its verify); and the tokens fed."""
+
+    def reset_peak_memory(self) -> None: ...
+
+    def peak_memory(self) -> int:
+        """Peak device bytes since the last reset (CPU: the process's peak resident set)."""
+
+    def held_bytes(self) -> int:
+        """Bytes the runner holds: weights and cache."""
+
+
+class Backend(Protocol):
+    """Builds runners and answers triage's probes."""
+
+    name: str
+
+    def resolve_device(self, name: str) -> str: ...
+
+    def resolve_dtype(self, name: str | None, device: str) -> str: ...
+
+    def build(self, checkpoint: "Checkpoint", config: "RunConfig", device: str, dtype: str) -> Runner:
+        """Load the weights on the device and apply the configuration (levers, then speculation)."""
+
+    def copy(self, runner: Runner, config: "RunConfig") -> Runner:
+        """A runner on a stock copy of `runner`'s weights (made on its device, no reload), configured anew."""
+
+    def float32_reference(self, runner: Runner) -> Runner:
+        """The same stored weights computed in float32 with stock steps."""
+
+    def release(self, runner: Runner) -> None:
+        """Free what the runner holds now (a large copy must not outlive its A/B)."""
+
+    def seam_errors(self, runner: Runner) -> dict[str, tuple[float, float]]:
+        """Per-op check at the model's real shapes: for each seam the runner's levers replace, (its error, stock's
+        error) against a float32 stock op on the same random inputs."""
+
+    def ceilings(self, device: str, dtype: str, refresh: bool = False) -> Any: ...
+
+    def profile(self, runner: Runner, phase: str, prefix: Sequence[int], tokens: Sequence[int] | int
+                ) -> "PhaseProfile":
+        """One profiled window of prefill (`tokens` the prompt) or decode (`tokens` steps)."""
+
+    def host_issue_seconds(self, runner: Runner, prefix: Sequence[int], steps: int) -> float | None: ...
+
+    def census(self, runner: Runner, phase: str, prefix: Sequence[int], tokens: Sequence[int] | int) -> "Census": ...
+
+    def attention_gates(self, phase: str, call: "SdpaCall", calls_per_pass: float, device: str) -> "GateRow": ...
+
+    def sweep_projections(self, runner: Runner, rows: tuple[int, ...] | None) -> list["SweepCurve"]: ...
+
+    def attention_sparsity(self, runner: Runner) -> "Sparsity": ...
+
+
+def get_backend(name: str = "auto") -> Backend:
+    """The named backend (imported on first use: engine/ itself pulls in no framework); `auto` is torch until
+    the MLX backend lands (then MLX on a Mac)."""
+    name = "torch" if name == "auto" else name
+    if name not in BACKENDS:
+        raise InputError(f"--backend {name!r}: expected auto or one of {', '.join(BACKENDS)}")
+    try:
+        module = importlib.import_module(BACKENDS[name])
+    except ImportError as exc:
+        raise InputError(f"--backend {name}: its framework is not installed ({exc.name})") from None
+    return module.BACKEND

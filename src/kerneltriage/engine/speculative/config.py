@@ -1,0 +1,95 @@
+"""What `--spec` and `--spec-depth` ask for: the speculation's source (prompt lookup, the target's own first
+layers, or a draft model) and its depth, parsed once; and the draft model's vocabulary check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kerneltriage.core.errors import InputError
+
+if TYPE_CHECKING:
+    from kerneltriage.engine.checkpoint import Checkpoint
+
+SOURCES = ("ngram", "selfdraft", "draft")
+MAX_DEPTH = 16  # deepest --spec-depth accepted
+AUTO_START_DEPTH = 4  # where --spec-depth auto begins
+AUTO_MAX_DEPTH = 8  # auto grows k no further
+DEFAULT_NGRAM = 3  # ngram: longest context suffix matched
+SPEC_HELP = "ngram[:N] | selfdraft[:L] | draft:MODEL"
+VOCAB_PROBE = "The quick brown fox → 42 façades, 東京 and `def f(x): return x**2` {\"a\": [1, 2]}"
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """What `--spec` and `--spec-depth` asked for; `depth` None means auto (adaptive)."""
+
+    source: str
+    layers: int | None = None  # selfdraft: the target's first L layers draft (None: half of them)
+    draft_model: str | None = None  # draft: the --model spec of the draft model
+    depth: int | None = None
+    ngram_max: int = DEFAULT_NGRAM
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"spec source {self.source!r}: expected one of {', '.join(SOURCES)}")
+        if self.layers is not None and (self.source != "selfdraft" or self.layers < 1):
+            raise ValueError(f"layers={self.layers}: expected a positive count, for selfdraft only")
+        if (self.source == "draft") != bool(self.draft_model):
+            raise ValueError(f"draft_model={self.draft_model!r}: expected a model for source 'draft' only")
+        if self.depth is not None and not 1 <= self.depth <= MAX_DEPTH:
+            raise ValueError(f"depth={self.depth}: expected 1..{MAX_DEPTH} or None (auto)")
+        if self.ngram_max < 1:
+            raise ValueError(f"ngram_max={self.ngram_max}: expected >= 1")
+
+    @property
+    def source_text(self) -> str:
+        """`--spec` as written, parameters explicit where they have a default: `ngram:3`, `selfdraft`."""
+        arg = {"ngram": str(self.ngram_max), "selfdraft": self.layers and str(self.layers), "draft": self.draft_model}
+        return self.source + (f":{arg[self.source]}" if arg[self.source] else "")
+
+    @property
+    def label(self) -> str:
+        """`--spec` as the user would write it, with the depth."""
+        arg = {"ngram": str(self.ngram_max), "selfdraft": str(self.layers or "half"), "draft": self.draft_model}
+        return f"{self.source}:{arg[self.source]} k={self.depth or 'auto'}"
+
+
+def parse_speculation(spec: str | None, depth: str | None = None) -> Speculation | None:
+    """`--spec` and `--spec-depth` → a Speculation (None when --spec is absent); bad values are InputErrors."""
+    if not spec:
+        if depth not in (None, "auto"):
+            raise InputError(f"--spec-depth {depth}: needs --spec ({SPEC_HELP})")
+        return None
+    source, colon, arg = spec.partition(":")
+    bad = InputError(f"--spec {spec!r}: expected {SPEC_HELP}")
+    if source == "draft":
+        if not arg:
+            raise bad
+        return Speculation("draft", draft_model=arg, depth=_parse_depth(depth))
+    if source not in ("ngram", "selfdraft") or (colon and not (arg.isdigit() and int(arg) > 0)):
+        raise bad
+    count = int(arg) if arg else None
+    if source == "ngram":
+        return Speculation("ngram", depth=_parse_depth(depth), ngram_max=count or DEFAULT_NGRAM)
+    return Speculation("selfdraft", layers=count, depth=_parse_depth(depth))
+
+
+def _parse_depth(depth: str | None) -> int | None:
+    if depth in (None, "auto"):
+        return None
+    if not (depth.isdigit() and 1 <= int(depth) <= MAX_DEPTH):
+        raise InputError(f"--spec-depth {depth!r}: expected a whole number 1..{MAX_DEPTH} or auto")
+    return int(depth)
+
+
+def check_same_vocabulary(target: "Checkpoint", draft: "Checkpoint") -> None:
+    """A draft model must score the target's token ids: same logit width and the same tokenizer."""
+    sizes = (target.config.vocab_size, draft.config.vocab_size)
+    same = sizes[0] == sizes[1] and target.tokenizer.vocab_size == draft.tokenizer.vocab_size
+    if not same or target.tokenizer.encode(VOCAB_PROBE) != draft.tokenizer.encode(VOCAB_PROBE):
+        raise InputError(
+            f"--spec draft:{draft.source}: its vocabulary ({sizes[1]} logits, {draft.tokenizer.vocab_size} tokens) "
+            f"differs from the target's ({sizes[0]} logits, {target.tokenizer.vocab_size} tokens); "
+            "a draft model must share the target's tokenizer")
+

@@ -1,0 +1,141 @@
+"""The depth controller: picks the draft depth k before each step (0 = a plain step) from measured costs and
+acceptance, and switches speculation off while it does not pay."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from statistics import median
+
+from kerneltriage.engine.speculative.config import AUTO_MAX_DEPTH, AUTO_START_DEPTH
+
+WARMUP_STEPS = 3  # verify steps between two judgements of the depth
+CALIBRATION_STEPS = 2  # plain steps that measure the plain step's cost before auto depth speculates
+DECAY = 0.8  # weight kept by older steps in the acceptance estimates: they follow the text within ~5 steps
+COST_WINDOW = 8  # costs are medians of the last steps: one slow step (a hiccup) decides nothing
+SHRINK_MARGIN = 0.02  # padded: the deepest k whose estimate is within this of the best one is kept
+COOLDOWN_STEPS = 32  # plain steps after speculation is switched off, doubled at each switch-off
+MAX_COOLDOWN = 512
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A change of draft depth made by the controller, for the summary."""
+
+    step: int  # decode steps taken when it was made
+    depth: int  # 0 = speculation off
+    reason: str
+
+
+class DepthController:
+    """Picks the draft depth k before each step (0 = a plain step) from what earlier steps accepted and cost.
+
+    A step drafting j tokens emits E(j) = 1 + Σ_{i<j} Π_{m≤i} α_m tokens, α_m = P(draft m accepted | drafts
+    before it accepted), and costs C(j) = plain + j·(draft per token + verify per extra row): a line through the
+    measured plain step (M = 1) and the measured verify steps (costs are medians of recent steps). Speculating
+    pays while E(j)·plain > C(j); k is set to the best j ≤ k + 1, and when even that loses, speculation is off
+    for a cooldown of plain steps. Padded (every verify has the deepest k's rows, so C(j) grows with drafting only),
+    any j is an option and the deepest one within SHRINK_MARGIN of the best is kept. A fixed depth (`depth` given)
+    is never changed.
+    """
+
+    def __init__(self, depth: int | None, max_depth: int = AUTO_MAX_DEPTH, padded: bool = False) -> None:
+        self.adaptive = depth is None
+        self.depth = depth or (max_depth if padded else AUTO_START_DEPTH)
+        self.max_depth = max(self.depth, max_depth)
+        # Padded: every verify has the deepest step's rows (graph capture), so its cost does not shrink with k:
+        # auto depth starts at the deepest and only the drafting cost grows with k.
+        self.padded = padded
+        self.decisions: list[Decision] = []
+        self.steps = self.plain_seen = self.cooldown = 0
+        self.next_cooldown = COOLDOWN_STEPS
+        self.plain_costs: deque[float] = deque(maxlen=COST_WINDOW)
+        self._reset_estimates()
+
+    def _reset_estimates(self) -> None:
+        self.reached = [0.0] * self.max_depth
+        self.accepted = [0.0] * self.max_depth
+        self.draft_costs: deque[float] = deque(maxlen=COST_WINDOW)  # seconds per drafted token
+        self.row_costs: deque[float] = deque(maxlen=COST_WINDOW)  # verify seconds per row beyond the first
+        self.until_judged = WARMUP_STEPS
+
+    @property
+    def deepest(self) -> int:
+        """The largest k this controller can ask for."""
+        return self.max_depth if self.adaptive else self.depth
+
+    def next_depth(self) -> int:
+        if self.adaptive and (self.plain_seen < CALIBRATION_STEPS or self.cooldown > 0):
+            return 0
+        return self.depth
+
+    def observe_plain(self, seconds: float) -> None:
+        self.steps += 1
+        self.plain_seen += 1
+        self.plain_costs.append(seconds)
+        if self.cooldown:
+            self.cooldown -= 1
+            if not self.cooldown:
+                self._decide(self.depth, f"speculation back on at k={self.depth}: re-measuring acceptance")
+
+    def observe_verify(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        self.steps += 1
+        self.reached = [DECAY * r + (i <= min(accepted, drafted - 1)) for i, r in enumerate(self.reached)]
+        self.accepted = [DECAY * a + (i < accepted) for i, a in enumerate(self.accepted)]
+        self.draft_costs.append(draft_s / drafted)
+        if self.plain_costs:
+            rows = self.deepest if self.padded else drafted  # rows beyond the first that the verify computed
+            self.row_costs.append(max(verify_s - median(self.plain_costs), 0.0) / rows)
+        self.until_judged -= 1
+        if self.adaptive and self.row_costs and self.until_judged <= 0:
+            self._judge()
+
+    def expected_tokens(self, depth: int) -> float:
+        """E(depth); a position never reached takes the rate of the last one that was."""
+        tokens, chain, rate = 1.0, 1.0, 0.0
+        for reached, accepted in zip(self.reached[:depth], self.accepted[:depth]):
+            rate = accepted / reached if reached > 1e-3 else rate
+            chain *= rate
+            tokens += chain
+        return tokens
+
+    def speedup(self, depth: int) -> float:
+        """Estimated E(depth)·plain / C(depth): above 1, speculating at this depth beats plain decode."""
+        plain = median(self.plain_costs)
+        rows = self.deepest if self.padded else depth
+        cost = plain + depth * median(self.draft_costs) + rows * median(self.row_costs)
+        return self.expected_tokens(depth) * plain / cost
+
+    def _judge(self) -> None:
+        self.until_judged = WARMUP_STEPS
+        # Padded, any k costs the verify the same: every k is an option. A shallower one then saves drafting time
+        # only, and the positions it stops drafting are no longer observed (an early miss would pin k for good):
+        # the deepest option within SHRINK_MARGIN of the best is kept. Unpadded, a tie goes to the deeper one.
+        top = self.max_depth if self.padded else min(self.depth + 1, self.max_depth)
+        options = {j: self.speedup(j) for j in range(top, 0, -1)}  # deepest first
+        fastest = max(options, key=options.__getitem__)
+        if options[fastest] < 1.0:
+            self._switch_off(fastest, options[fastest])
+            return
+        floor = max(options[fastest] * (1.0 - (SHRINK_MARGIN if self.padded else 0.0)), 1.0)
+        best = next(j for j, speedup in options.items() if speedup >= floor)
+        if best != self.depth:
+            kept = f", the deepest within {SHRINK_MARGIN:.0%} of k={fastest}'s {options[fastest]:.2f}×" \
+                if best != fastest else ""
+            self._decide(best, f"k {self.depth}→{best}: est. speed-up {options[best]:.2f}×{kept} "
+                               f"(k={self.depth}: {options[self.depth]:.2f}×)")
+
+    def _switch_off(self, best: int, speedup: float) -> None:
+        tokens, plain = self.expected_tokens(best), median(self.plain_costs) * 1e3
+        self.cooldown, self.next_cooldown = self.next_cooldown, min(2 * self.next_cooldown, MAX_COOLDOWN)
+        self._decide(0, f"{tokens:.2f} tok/step × plain {plain:.2f} ms = {tokens * plain:.2f} ms < "
+                        f"{tokens * plain / speedup:.2f} ms per step at k={best}: speculation off for "
+                        f"{self.cooldown} steps")
+        self.depth = self.max_depth if self.padded else best
+        self._reset_estimates()
+
+    def _decide(self, depth: int, reason: str) -> None:
+        self.decisions.append(Decision(self.steps, depth, reason))
+        if depth:
+            self.depth = depth
+

@@ -1,0 +1,77 @@
+"""The speculative decode loop, written against the backend protocol's `Steps`.
+
+Each step drafts k tokens, runs the target once over [last, d1..dk] (M = k+1 rows, a causal block after the
+filled cache), keeps the accepted prefix plus one token of the target's own (the sampler's exact acceptance),
+and trims the cache past the rest. A runner whose steps are captured at fixed shapes pads every verify to the
+deepest step's k+1 rows. The controller picks k before each step, 0 being a plain step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator
+
+from kerneltriage.engine.speculative.config import Speculation
+from kerneltriage.engine.speculative.controller import DepthController
+from kerneltriage.engine.speculative.draft import Drafter
+from kerneltriage.engine.speculative.stats import SpecStats
+
+if TYPE_CHECKING:
+    from kerneltriage.engine.backend import Sampler, Steps
+
+SPEC_COUNTER = "spec"  # runner.counters key: verify steps run (proof that speculation happened)
+
+
+class SpeculativeDecoder:
+    """A drop-in token loop. After a run, `stats` and `controller.decisions` describe it."""
+
+    def __init__(self, speculation: Speculation, drafter: Drafter) -> None:
+        self.speculation, self.drafter = speculation, drafter
+        self.stats = SpecStats()
+        self.controller = DepthController(speculation.depth)
+
+    def rows(self, runner: "Steps") -> int:
+        """Rows of every verify forward: the deepest k + 1 where verifies are captured at a fixed shape, else 0."""
+        return self.controller.deepest + 1 if runner.pads_verify else 0
+
+    def __call__(self, runner: "Steps", logits: Any, start: int, count: int, sampler: "Sampler") -> Iterator[int]:
+        if len(sampler.prompt) != start:  # positions come from the context: a stale prompt would misplace them
+            raise RuntimeError(f"speculative loop: the sampler holds {len(sampler.prompt)} prompt tokens, "
+                               f"the cache {start}")
+        rows = self.rows(runner)
+        self.stats, self.controller = SpecStats(), DepthController(self.speculation.depth, padded=rows > 0)
+        self.drafter.reset(runner, start + count)
+        context = list(sampler.prompt) + [runner.read_later(sampler(logits)).result()]
+        yield context[-1]
+        while len(context) < start + count:
+            # a step emits at most k+1 tokens and writes positions up to len(context)-1+k: stay inside count,
+            # and a padded verify must fit in the cache (its slack) or the step is a plain one
+            k = min(self.controller.next_depth(), start + count - len(context) - 1)
+            if len(context) - 1 + max(rows - 1, k) >= runner.cache_capacity:
+                k = 0
+            emitted = self.step(runner, context, k, sampler, rows)
+            context += emitted
+            yield from emitted
+
+    def step(self, runner: "Steps", context: list[int], k: int, sampler: "Sampler", rows: int = 0) -> list[int]:
+        """Draft up to k tokens after `context`, verify them (or decode plainly); returns the tokens emitted."""
+        position = len(context) - 1  # where the last emitted token goes
+        began = runner.clock()
+        draft = self.drafter.draft(context, k, sampler) if k else None
+        if draft is None:
+            return self._plain_step(runner, context[-1], position, sampler, began)
+        drafted = runner.clock()
+        emitted = sampler.accept(runner.verify(context[-1], draft.tokens, position, rows), draft)
+        runner.counters[SPEC_COUNTER] += 1
+        runner.trim_cache(position + len(emitted))  # forget the rejected drafts' entries
+        verified = runner.clock()
+        self.stats.record_verify(draft.size, len(emitted) - 1, drafted - began, verified - drafted)
+        self.controller.observe_verify(draft.size, len(emitted) - 1, drafted - began, verified - drafted)
+        return emitted
+
+    def _plain_step(self, runner: "Steps", last: int, position: int, sampler: "Sampler", began: float) -> list[int]:
+        """The runner's own decode step (with its levers): M = 1, no draft."""
+        token = runner.read_later(sampler(runner.decode(last, position))).result()
+        seconds = runner.clock() - began
+        self.stats.record_plain(seconds)
+        self.controller.observe_plain(seconds)
+        return [token]

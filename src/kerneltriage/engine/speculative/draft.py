@@ -1,0 +1,30 @@
+"""A draft: the tokens a drafter proposes, and the distribution they were drawn from when it is not one-hot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from kerneltriage.engine.backend import Sampler, Steps
+
+
+@dataclass(frozen=True)
+class Draft:
+    """`tokens`: host ids (prompt lookup) or a device array (k,) (a draft model); `probs`: the draft model's
+    probabilities (k, V) on the device, None when drafting is deterministic (greedy or a lookup)."""
+
+    tokens: Any
+    probs: Any = None
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+
+class Drafter(Protocol):
+    def reset(self, runner: "Steps", capacity: int) -> None:
+        """Ready for a new sequence of at most `capacity` positions (called after the target's prefill)."""
+
+    def draft(self, context: list[int], k: int, sampler: "Sampler") -> Draft | None:
+        """Up to k tokens to follow `context`; None when there is nothing to propose."""

@@ -1,0 +1,42 @@
+"""What triage hands `ab` about a lever besides the timings: the share of each phase the lever can act on (for
+`no-lever`) and what the gate audit found in the baseline (checklist point 3).
+
+A lever's share of a phase: the op classes of the seams it replaces plus the host/dispatch gap (a change in the
+ops issued moves host time too, so no-lever is claimed only where the step is device-bound and the ops are a
+small share); 0 in a phase the lever does not act on; unknown (no share) where no seam says what it touches.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from kerneltriage.engine.levers import LeverSetting
+from kerneltriage.engine.probes import GateRow
+from kerneltriage.triage.breakdown import Breakdown
+
+SEAM_CLASSES = {"norm": ("norms",), "qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj"),
+                "attn.decode": ("attention",), "attn.prefill": ("attention",), "lm_head": ("output projection",),
+                "o_proj": ("o_proj",), "down": ("down_proj",)}
+
+
+def lever_shares(setting: LeverSetting, breakdowns: Mapping[str, Breakdown]) -> dict[str, float]:
+    """phase → the share of that phase the lever can change at most (phases with no known share left out)."""
+    lever, shares = setting.lever, {}
+    classes = {cls for seam in lever.seams for cls in SEAM_CLASSES.get(seam, ())}
+    for phase, breakdown in breakdowns.items():
+        if phase not in lever.phases:
+            shares[phase] = 0.0
+        elif classes or lever.stage != "model":
+            ops = sum(breakdown.shares.get(cls, 0.0) for cls in classes)
+            shares[phase] = min(1.0, ops + breakdown.gap_share)
+    return shares
+
+
+def baseline_evidence(gates: Sequence[GateRow]) -> dict[str, str | None]:
+    """Checklist point 3 from the gate audit: did the baseline's attention fall off a fused path?"""
+    fallen = [row for row in gates if row.default == "math" and row.phase in ("prefill", "decode")]
+    if not gates:
+        return {}
+    problem = None if not fallen else (f"{len(fallen)} attention call shape(s) fall back to math "
+                                       f"({', '.join(sorted({row.phase for row in fallen}))})")
+    return {"attention backend": problem}
