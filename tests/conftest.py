@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -11,6 +12,18 @@ from kerneltriage.engine.checkpoint import Checkpoint, RawTensor
 from kerneltriage.engine.config import ModelConfig, RopeScaling
 
 ARCHS = ("llama", "qwen2", "qwen3")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_thread() -> Iterator[None]:
+    """One intra-op thread for the whole run: on a 2-core machine shared with anything else a parallel region waits
+    for a busy worker (tiny steps took 7× as long, the real model's reference 77 s instead of 4 s)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def tiny_config(arch: str, **changes: object) -> ModelConfig:

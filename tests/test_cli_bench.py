@@ -9,18 +9,18 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
-from conftest import tiny_config
+from conftest import tiny_checkpoint
 from kerneltriage.backends.torch import ceilings as ceilings_mod
-from kerneltriage.bench import peers
+from kerneltriage.bench import compare
 from kerneltriage.cli.main import main
 from kerneltriage.core.ledger import Ledger
 from kerneltriage.core.roofline import Ceilings
 from kerneltriage.engine import sources
 from kerneltriage.engine.checkpoint import Checkpoint
-from kerneltriage.engine.tokenizer import Tokenizer
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 CEILINGS = Ceilings(20e9, 100e9, "measured", "cpu test", "float32")
@@ -28,18 +28,21 @@ SMALL = ["-p", "8", "-n", "4", "-d", "0,8", "-r", "2", "--device", "cpu"]
 
 
 @pytest.fixture(autouse=True)
-def tiny_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    """--model tiny → a 2-layer random llama; ceilings fixed (no measuring in CLI tests)."""
+def tiny_model(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """--model tiny → a 2-layer llama with explicit weights, tiny-preset → one with random weights (the hf peer
+    copies a preset's weights from our runner); ceilings fixed (no measuring in CLI tests); one intra-op thread."""
     real = sources.load_checkpoint
 
     def load(spec: str = "default") -> Checkpoint:
-        if spec != "tiny":
-            return real(spec)
-        config = tiny_config("llama")
-        return Checkpoint(config, {}, Tokenizer.synthetic(config.vocab_size), source="tiny (random weights)")
+        if spec == "tiny":
+            return tiny_checkpoint("llama")
+        if spec == "tiny-preset":
+            return tiny_checkpoint("llama", random_weights=True, name="tiny-preset")
+        return real(spec)
 
     monkeypatch.setattr(sources, "load_checkpoint", load)
     monkeypatch.setattr(ceilings_mod, "get_ceilings", lambda device, dtype, refresh=False: CEILINGS)
+    yield
 
 
 def test_json_output_and_one_ledger_experiment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -51,6 +54,8 @@ def test_json_output_and_one_ledger_experiment(tmp_path: Path, capsys: pytest.Ca
         assert row["engine"] == "kerneltriage" and row["status"] == "ok" and row["ratio"] == 1.0
         assert row["rate"] > 0 and 0 < row["roofline_pct"] <= 100 and row["first_token_s"] > 0
     assert report["ceilings"]["source"] == "measured" and report["config"]["repeats"] == 2
+    config = report["config"]
+    assert (config["backend"], config["device"], config["dtype"], config["levers"]) == ("torch", "cpu", "float32", [])
     with Ledger(ledger) as opened:
         (experiment,) = opened.all_experiments()
     assert experiment.id == report["experiment_id"] and experiment.kind == "bench"
@@ -58,8 +63,30 @@ def test_json_output_and_one_ledger_experiment(tmp_path: Path, capsys: pytest.Ca
     assert experiment.environment["python"] and experiment.summary["rows"] == report["rows"]
 
 
+def test_levers_are_applied_counted_and_recorded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "--model", "tiny", "-p", "8", "-n", "4", "-r", "2", "--warmups", "0", "--device", "cpu",
+            "--levers", "one_sync,last_logits", "--output", "json", "--ledger", str(tmp_path / "l.db")]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["config"]["levers"] == ["last_logits", "one_sync"]  # the table's composition order
+    assert report["config"]["spec"] == "levers=last_logits,one_sync"
+    # last_logits: once per prefill (2 pp samples, 2 tg samples); one_sync: once per token (2 × (4 + 1))
+    assert report["lever_counters"] == {"last_logits": 4, "one_sync": 10}
+    assert all(m["spec"]["params"]["levers"] == ["last_logits", "one_sync"] for m in report["measurements"])
+
+
+def test_a_lever_that_cannot_run_here_is_refused_and_records_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ledger = tmp_path / "l.db"
+    assert main(["bench", "--model", "tiny", *SMALL, "--levers", "graphs", "--ledger", str(ledger)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--levers graphs: needs a CUDA device" in err[-1]
+    with Ledger(ledger) as opened:
+        assert opened.all_experiments() == []
+
+
 def test_peer_rows_with_ratio_and_missing_peers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["bench", "--model", "tiny", "-p", "8", "-n", "4", "-r", "2", "--device", "cpu",
+    argv = ["bench", "--model", "tiny-preset", "-p", "8", "-n", "4", "-r", "2", "--device", "cpu",
             "--peers", "hf,hf-static,llama.cpp", "--output", "csv", "--ledger", str(tmp_path / "l.db")]
     assert main(argv) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
@@ -84,9 +111,9 @@ def test_ctrl_c_leaves_nothing_in_the_ledger(tmp_path: Path, monkeypatch: pytest
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(peers, "run_interleaved", interrupted)  # mid-benchmark
+    monkeypatch.setattr(compare, "run_interleaved", interrupted)  # mid-benchmark
     ledger = tmp_path / "ledger.db"
-    assert main(["bench", "--model", "tiny", *SMALL, "--peers", "hf", "--ledger", str(ledger)]) == 130
+    assert main(["bench", "--model", "tiny-preset", *SMALL, "--peers", "hf", "--ledger", str(ledger)]) == 130
     with Ledger(ledger) as opened:
         assert opened.all_experiments() == []
 
@@ -100,6 +127,8 @@ def test_ctrl_c_leaves_nothing_in_the_ledger(tmp_path: Path, monkeypatch: pytest
     (["-p", "0", "-n", "0"], "no test to run"),
     (["-p", "200"], "expected at most the model's context of 128"),
     (["--llama-bench", "/nonexistent/llama-bench"], "no such file"),
+    (["--levers", "warp_drive"], "unknown lever 'warp_drive'"),
+    (["--spec-depth", "4"], "needs --spec"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], expected: str, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:

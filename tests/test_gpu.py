@@ -5,19 +5,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kerneltriage.backends.torch.accelerate import apply_levers
-from kerneltriage.backends.torch.generate import generate_step
-from kerneltriage.backends.torch.runner import build_runner
+from kerneltriage.backends.torch.backend import BACKEND, build_runner
+from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.engine.generation import generate_step
 from kerneltriage.engine.sampling import SamplingParams
+from kerneltriage.engine.speculative.decoder import SPEC_COUNTER
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 PROMPT = "List three facts about the Moon, one per line:\n1."
-LEVER_SETS = [("graphs",), ("compile=default", "graphs"), ("one_sync",), ("graphs", "one_sync"), ("packed_qkv", "packed_gate_up"),
-              ("last_logits",), ("graphs", "one_sync", "packed_qkv", "packed_gate_up", "last_logits"),
-              ("sdpa_backend=efficient",), ("sdpa_backend=math",), ("sdpa_fold",),
-              ("fused_norm", "compile=default", "graphs"), ("flex_decode",), ("flex_decode", "graphs"),
-              ("packed_qkv", "packed_gate_up", "fused_norm", "flex_decode", "compile=default", "graphs")]
+NEW = 300  # crosses a graph window boundary (256): a second graph is captured and used
+# --levers values. Efficient attention refuses GQA (enable_gqa), so its pin is counted where sdpa_fold makes the
+# decode calls plain attention; math serves every call.
+LEVER_SETS = ["graphs", "compile=default,graphs", "one_sync", "graphs,one_sync", "packed_qkv,packed_gate_up",
+              "last_logits", "graphs,one_sync,packed_qkv,packed_gate_up,last_logits",
+              "sdpa_fold,sdpa_backend=efficient", "sdpa_backend=math", "sdpa_fold",
+              "fused_norm,compile=default,graphs", "flex_decode", "flex_decode,graphs",
+              "packed_qkv,packed_gate_up,fused_norm,flex_decode,compile=default,graphs"]
 
 
 @pytest.fixture(scope="module")
@@ -28,34 +32,39 @@ def prompt(default_checkpoint) -> list[int]:
 @pytest.fixture(scope="module")
 def plain_tokens(default_checkpoint, prompt) -> list[int]:
     runner = build_runner(default_checkpoint, torch.device("cuda"), torch.float32)
-    return list(generate_step(runner, prompt, SamplingParams(), 300))
+    tokens = list(generate_step(runner, prompt, SamplingParams(), NEW))
+    assert len(set(tokens)) >= 4
+    return tokens
 
 
-@pytest.mark.parametrize("levers", LEVER_SETS, ids=",".join)
-def test_lever_keeps_greedy_tokens_on_the_real_model(default_checkpoint, prompt, plain_tokens, levers) -> None:
+def cuda_runner(checkpoint, levers: str, spec: str | None = None, depth: str | None = None):  # noqa: ANN001, ANN201
     # float32: the test is about the lever's logic; bf16 kernels of other shapes may round near-ties apart
-    runner = apply_levers(build_runner(default_checkpoint, torch.device("cuda"), torch.float32), levers)
-    # 300 tokens cross a graph window boundary (256), so a second graph is captured and used
-    assert list(generate_step(runner, prompt, SamplingParams(), 300)) == plain_tokens
-    for lever in levers:
+    return BACKEND.build(checkpoint, RunConfig.from_flags(levers, spec, depth), "cuda", "float32")
+
+
+@pytest.mark.parametrize("levers", LEVER_SETS)
+def test_lever_keeps_greedy_tokens_on_the_real_model(default_checkpoint, prompt, plain_tokens, levers: str) -> None:
+    runner = cuda_runner(default_checkpoint, levers)
+    assert sorted(runner.levers) == sorted(levers.split(","))
+    assert list(generate_step(runner, prompt, SamplingParams(), NEW)) == plain_tokens
+    for lever in runner.levers:
         assert runner.counters[lever] > 0, lever
+    if runner.run_config.has("graphs"):  # eager steps: a graph per 256-slot window, both used; compiled: one
+        windows = {window for window, _ in runner.decode_step.graphs}
+        assert len(windows) == (1 if runner.run_config.has("compile") else 2), windows
 
 
-@pytest.mark.parametrize("levers", [("graphs",), ("packed_qkv", "packed_gate_up", "compile=default", "graphs"),
-                                    ("flex_decode", "graphs")],
-                         ids=",".join)
+@pytest.mark.parametrize("levers", ["graphs", "packed_qkv,packed_gate_up,compile=default,graphs", "flex_decode,graphs"])
 @pytest.mark.parametrize("spec", ["ngram", "selfdraft:15"])
-def test_graphed_speculation_keeps_greedy_tokens(default_checkpoint, prompt, plain_tokens, levers, spec) -> None:
-    from kerneltriage.backends.torch.speculative import install_speculation
-    from kerneltriage.engine.speculative import parse_spec
-
-    runner = apply_levers(build_runner(default_checkpoint, torch.device("cuda"), torch.float32), levers)
-    decoder = install_speculation(runner, parse_spec(spec, "4"))
-    assert list(generate_step(runner, prompt, SamplingParams(), 300)) == plain_tokens
+def test_graphed_speculation_keeps_greedy_tokens(default_checkpoint, prompt, plain_tokens, levers: str,
+                                                 spec: str) -> None:
+    runner = cuda_runner(default_checkpoint, levers, spec, "4")
+    decoder = runner.speculation
+    assert list(generate_step(runner, prompt, SamplingParams(), NEW)) == plain_tokens
     assert decoder.stats.verify_steps > 0
     # every verify replayed a graph of k+1 = 5 rows
-    assert {rows for _, rows in runner.verify.graphs} == {5}
-    assert runner.counters["spec"] == decoder.stats.verify_steps <= runner.counters["graphs"]
+    assert {rows for _, rows in runner.verify_step.graphs} == {5}
+    assert runner.counters[SPEC_COUNTER] == decoder.stats.verify_steps <= runner.counters["graphs"]
 
 
 def test_m_sweep_times_the_gemv_not_the_host(default_checkpoint) -> None:
@@ -72,11 +81,17 @@ def test_m_sweep_times_the_gemv_not_the_host(default_checkpoint) -> None:
 
 def test_sdpa_pad_finds_the_head_dims_fused_kernels_take() -> None:
     from kerneltriage.backends.torch import gates
-    from kerneltriage.backends.torch.accelerate import fused_head_dim
+    from kerneltriage.backends.torch.attention_levers import PAD_STEP, fused_head_dim
+    from kerneltriage.engine.probes import SdpaCall
 
     cuda = torch.device("cuda")
+
+    def taken(size: int) -> bool:
+        call = SdpaCall((1, 8, 16, size), (1, 8, 16, size), "bfloat16", None, True, False)
+        return any(gates.probe(name, gates.random_inputs(call, cuda))[0] for _, _, name in gates.FUSED)
+
     assert fused_head_dim(64, torch.bfloat16, cuda) == 64  # flash takes it: nothing to pad
     size = fused_head_dim(300, torch.bfloat16, cuda)  # over flash's 256 and not 8-aligned for the others
-    call = gates.SdpaCall((1, 8, 16, size), (1, 8, 16, size), "bfloat16", None, True, False)
-    taken = [gates.probe(name, gates.random_inputs(call, cuda))[0] for _, _, name in gates.FUSED]
-    assert size == 300 or (size % 8 == 0 and any(taken))
+    assert not taken(300)  # only math would run it: the case the lever exists for
+    assert size > 300 and size % PAD_STEP == 0 and taken(size)
+    assert not any(taken(smaller) for smaller in range(304, size, PAD_STEP))  # the nearest size a kernel takes

@@ -132,6 +132,18 @@ def test_experiment_roundtrip(tmp_path: Path) -> None:
     assert record.findings[0].payload == {"launches": 1260}
 
 
+def test_every_verdict_of_the_one_rule_is_stored(tmp_path: Path) -> None:
+    from kerneltriage.core.verdict import VERDICTS
+
+    assert {"traded", "indicative", "contended"} <= set(VERDICTS)  # the verdicts the refactor added
+    with Ledger(tmp_path / "l.db") as ledger:
+        for verdict in (*VERDICTS, None):
+            with ledger.experiment("ab", {}, {}, label=str(verdict)) as exp:
+                exp.set_verdict(verdict)
+        stored = {row.label: row.verdict for row in ledger.list_experiments()}
+    assert stored == {str(v): v for v in (*VERDICTS, None)}
+
+
 def test_an_exception_leaves_nothing(tmp_path: Path) -> None:
     with Ledger(tmp_path / "l.db") as ledger:
         with pytest.raises(RuntimeError, match="boom"):

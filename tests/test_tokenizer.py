@@ -262,16 +262,22 @@ def test_byte_tokenizer_marks_non_byte_ids() -> None:
         tok.apply_chat_template([{"role": "user", "content": "hi"}])
 
 
-@pytest.mark.real_model
-def test_default_gguf_matches_transformers(default_gguf: Path, tmp_path: Path) -> None:
-    from transformers import AutoTokenizer
+def hf_tokenizer(gguf: Path):  # noqa: ANN201 - a transformers tokenizer
+    """transformers' own conversion of the GGUF's tokenizer."""
+    import transformers
 
+    return transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+@pytest.mark.real_model
+def test_default_gguf_matches_transformers(default_gguf: Path,
+                                           tmp_path: Path) -> None:
     from kerneltriage.engine.gguf_file import read_gguf
 
     meta = read_gguf(default_gguf).meta
     ours = Tokenizer.from_gguf(default_gguf, meta, cache=tmp_path)
     cached = Tokenizer.from_gguf(default_gguf, meta, cache=tmp_path)
-    reference = AutoTokenizer.from_pretrained(default_gguf.parent, gguf_file=default_gguf.name)
+    reference = hf_tokenizer(default_gguf)
     texts = [*TEXTS, "  leading\ttabs\r\n", "def f(x):\n    return x**2  # ok\n", "3.14+1234567", "한국어 🇫🇷"]
     for text in texts:
         ids = reference.encode(text)

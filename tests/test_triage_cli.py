@@ -7,16 +7,14 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-import torch
 
-from conftest import tiny_config
+from conftest import tiny_checkpoint
 from kerneltriage.backends.torch import ceilings as ceilings_mod
 from kerneltriage.cli.main import main
 from kerneltriage.core.ledger import Ledger
 from kerneltriage.core.roofline import Ceilings
+from kerneltriage.core.verdict import VERDICTS
 from kerneltriage.engine import sources
-from kerneltriage.engine.checkpoint import Checkpoint
-from kerneltriage.engine.tokenizer import Tokenizer
 from kerneltriage.triage.run import STAGES
 
 CEILINGS = Ceilings(20e9, 100e9, "measured", "cpu test", "float32")
@@ -25,17 +23,10 @@ SMALL = ["--model", "tiny", "-p", "16", "-n", "8", "--device", "cpu"]
 
 @pytest.fixture(autouse=True)
 def tiny_model(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """--model tiny → a 2-layer random llama; fixed ceilings; one intra-op thread (a shared 2-core machine)."""
-    def load(spec: str = "default") -> Checkpoint:
-        config = tiny_config("llama")
-        return Checkpoint(config, {}, Tokenizer.synthetic(config.vocab_size), source="tiny (random weights)")
-
-    monkeypatch.setattr(sources, "load_checkpoint", load)
+    """--model tiny → a 2-layer llama with explicit weights; fixed ceilings."""
+    monkeypatch.setattr(sources, "load_checkpoint", lambda spec="default": tiny_checkpoint("llama"))
     monkeypatch.setattr(ceilings_mod, "get_ceilings", lambda device, dtype, refresh=False: CEILINGS)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     yield
-    torch.set_num_threads(threads)
 
 
 def test_json_html_and_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -47,9 +38,25 @@ def test_json_html_and_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     decode = report["breakdown"]["decode"]
     assert sum(decode["shares"].values()) == pytest.approx(1.0) and "sampling" in decode["shares"]
     codes = {f["code"] for f in report["findings"]}
-    assert {"all-position-logits", "lever-one_sync", "kernel-outlook-decode"} <= codes
-    assert report["levers"]["last_logits"]["ran"] and report["levers"]["last_logits"]["phase"] == "prefill"
-    assert any("graphs: not measured" in note for note in report["notes"])
+    assert {"all-position-logits", "lever-packed_qkv", "lever-packed_gate_up", "lever-one_sync",
+            "kernel-outlook-decode"} <= codes
+    # every lever triage measures runs through ab: both phases, MIN_PAIRS pairs, ab's correctness and counters
+    assert set(report["levers"]) == {"last_logits", "packed_qkv", "packed_gate_up", "one_sync"}
+    assert report["config"]["budget"]["lever_pairs"] == 5
+    for name, lever in report["levers"].items():
+        assert lever["lever"] == name and lever["verdict"] in VERDICTS
+        assert lever["verdict"] not in ("invalid", "indicative"), lever["reason"]  # ran, proven, 5 pairs
+        assert lever["counters"][name] > 0 and set(lever["phases"]) == {"prefill", "decode"}
+        assert all(p["ratio"]["confidence"] == pytest.approx(0.9375) for p in lever["phases"].values())
+        assert "greedy digests equal" in lever["correctness"]
+    # a measured lever is recommended only on ab's win
+    measured = {f["code"]: f for f in report["findings"] if (f["evidence"].get("ab") or {}).get("verdict")}
+    assert measured and all(measured[code]["evidence"]["ab"]["verdict"] == "win"
+                            for code in report["recommendations"] if code in measured)
+    cuda_only = "graphs: not measured — --levers graphs: needs a CUDA device"
+    assert any(note.startswith(cuda_only) for note in report["notes"])
+    assert any(note.startswith("compile: not measured") for note in report["notes"])
+    assert not any("sparse-V: not measured" in note for note in report["notes"])  # real weights: measured
     assert len(report["headlines"]) == 6 and set(report["answers"]) == {"delete", "fast-path", "dispatch"}
     assert report["gates"][0]["default"].endswith("(cpu)") and report["sweep"][0]["timer"] == "cpu clock"
     context = report["context"]  # tg8 at depth 0 and as deep as the tiny model's context allows
@@ -65,14 +72,17 @@ def test_json_html_and_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_table_output_has_every_section(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["triage", *SMALL, "-n", "4", "--levers", "last_logits", "--ledger", str(tmp_path / "l.db")]
+    args = ["triage", *SMALL, "-p", "8", "-n", "4", "--levers", "last_logits,packed_gate_up,packed_qkv",
+            "--ledger", str(tmp_path / "l.db")]
     assert main(args) == 0
     out = capsys.readouterr().out
     positions = [out.index(title) for title in ("0 setup", "1 where time goes", "2 Q1", "3 Q2", "4 Q3",
                                                  "5 custom-kernel outlook", "6 recommendations", "headlines")]
     assert positions == sorted(positions)
-    assert "last_logits: not measured — lever last_logits is already on" in out
+    assert "levers: packed_qkv, packed_gate_up, last_logits" in out  # the baseline as configured, in table order
     assert "prefill computes logits for all" not in out  # the lever is on: the detector stays silent
+    measured = [line.split()[1] for line in out.splitlines() if line.startswith("│ ") and "±" in line]
+    assert measured == ["one_sync"]  # the levers already on are not A/B'd again
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -80,7 +90,9 @@ def test_table_output_has_every_section(tmp_path: Path, capsys: pytest.CaptureFi
     (["-d", "200"], "context"),
     (["--spec", "bogus"], "--spec"),
     (["--html", "/no/such/folder/r.html"], "--html"),
-    (["--levers", "warp_speed"], "--levers"),
+    (["--levers", "warp_speed"], "unknown lever 'warp_speed'; expected some of packed_qkv"),
+    (["--levers", "graphs"], "--levers graphs: needs a CUDA device"),
+    (["--backend", "mlx"], "--backend 'mlx'"),
 ])
 def test_bad_input_is_a_one_line_error(args: list[str], needle: str, tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,25 +12,15 @@ import torch.nn.functional as F
 
 from conftest import tiny_runner
 from kerneltriage.backends.torch import census, gates, profile
-from kerneltriage.backends.torch.accelerate import apply_levers
-from kerneltriage.backends.torch.msweep import SweepCurve
-from kerneltriage.backends.torch.runner import decode_loop
-from kerneltriage.backends.torch.sparsity import Sparsity, attention_sparsity
+from kerneltriage.backends.torch.sparsity import attention_sparsity
+from kerneltriage.engine.decoding import plain_loop
+from kerneltriage.engine.probes import GateRow, SdpaCall, Sparsity, SweepCurve
 from kerneltriage.triage import amdahl, q1_delete, q2_fastpath, q3_dispatch
 from kerneltriage.triage.breakdown import GAP_CLASS, Breakdown
 from kerneltriage.triage.finding import Finding
 from kerneltriage.triage.report import rank
 
 PROMPT = list(range(1, 17))
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: on a shared 2-core machine a parallel region can wait ~30 ms for a worker."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_amdahl_arithmetic() -> None:
@@ -63,13 +53,15 @@ def test_all_position_logits_fires_on_stock_prefill_and_not_with_last_logits() -
     finding = q1_delete.all_position_logits(planted.output_rows, 0.2)
     assert finding is not None and finding.lever == "last_logits" and finding.phase == "prefill"
     assert finding.estimated_gain == pytest.approx(1 / (1 - 0.2 * (1 - 1 / len(PROMPT))))
-    clean = profile.profile_prefill(apply_levers(tiny_runner("llama"), ("last_logits",)), [], PROMPT)
+    levered = tiny_runner("llama", "last_logits")
+    clean = profile.profile_prefill(levered, [], PROMPT)
     assert clean.output_rows == (1,) and q1_delete.all_position_logits(clean.output_rows, 0.2) is None
+    assert levered.counters["last_logits"] == 2  # the warm-up pass and the profiled one ran the lever's prefill
 
 
 def _masked_attention(window: int | None):
     """A planted attention function: an explicit mask (causal, or sliding-window) instead of is_causal."""
-    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos) -> torch.Tensor:  # noqa: ANN001
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos, sdpa=None) -> torch.Tensor:  # noqa: ANN001
         length, keys = q.shape[2], k.shape[2]
         mask = torch.ones(length, keys, dtype=torch.bool).tril(keys - length)  # (T, S)
         if window is not None:
@@ -81,14 +73,14 @@ def _masked_attention(window: int | None):
 @pytest.mark.parametrize("window, fires", [(None, True), (4, False)])
 def test_explicit_causal_mask_detector(window: int | None, fires: bool) -> None:
     runner = tiny_runner("qwen2")
-    with torch.inference_mode(), gates.record_sdpa_calls() as clean_calls:
+    with gates.record_sdpa_calls() as clean_calls:
         runner.reset_cache(len(PROMPT))
-        runner.prefill(runner.model, torch.tensor([PROMPT]), 0)
+        runner.prefill(PROMPT, 0)
     assert clean_calls and q1_delete.explicit_causal_masks(clean_calls, 0.3) is None
     runner.model.attention = _masked_attention(window)
-    with torch.inference_mode(), gates.record_sdpa_calls() as planted:
+    with gates.record_sdpa_calls() as planted:
         runner.reset_cache(len(PROMPT))
-        runner.prefill(runner.model, torch.tensor([PROMPT]), 0)
+        runner.prefill(PROMPT, 0)
     finding = q1_delete.explicit_causal_masks(planted, 0.3)
     assert (finding is not None) == fires
     if fires:
@@ -116,9 +108,9 @@ def test_vocabulary_ceiling_and_sparse_v() -> None:
     assert len(measured.per_layer) == 2 and 0.0 <= measured.fraction <= 1.0 and measured.depth == len(PROMPT)
 
 
-def _planted_sync_loop(runner, logits, start, count, params, generator) -> Iterator[int]:  # noqa: ANN001
+def _planted_sync_loop(runner, logits, start, count, sampler) -> Iterator[int]:  # noqa: ANN001
     """The stock loop plus one readback per token (a planted sync)."""
-    for token in decode_loop(runner, logits, start, count, params, generator):
+    for token in plain_loop(runner, logits, start, count, sampler):
         runner.model.cache.keys.sum().item()
         yield token
 
@@ -132,7 +124,7 @@ def test_a_planted_sync_raises_syncs_per_token() -> None:
     clean = census.census_decode(runner, [1, 2], 4).per(4)
     assert clean["readbacks"] == 1 and "runner.py" in next(iter(clean["readback_sites"]))
     assert q3_dispatch.extra_syncs(_decode_breakdown(), clean, gpu=False) is None
-    runner.decode_loop = _planted_sync_loop
+    runner.token_loop = _planted_sync_loop
     planted = census.census_decode(runner, [1, 2], 4).per(4)
     assert planted["readbacks"] == 2
     finding = q3_dispatch.extra_syncs(_decode_breakdown(), planted, gpu=False)
@@ -149,13 +141,13 @@ def _fake_probe(ok: bool, why: str):
 
 
 def test_math_fallback_from_a_faked_capability_answer(monkeypatch: pytest.MonkeyPatch) -> None:
-    call = gates.SdpaCall((1, 8, 1, 320), (1, 2, 64, 320), "float32", None, False, True)
+    call = SdpaCall((1, 8, 1, 320), (1, 2, 64, 320), "float32", None, False, True)
     inputs = gates.random_inputs(call, torch.device("cpu"))
     for _, _, name in gates.FUSED:
         monkeypatch.setattr(torch.backends.cuda, name, _fake_probe(False, f"{name}: head_dim 320 unsupported"))
     usable, reasons, _ = gates.probe_backends(call, inputs)
     assert not any(usable.values()) and reasons["flash"] == ["can_use_flash_attention: head_dim 320 unsupported"]
-    row = gates.GateRow("decode", call, 16.0, "math", usable, reasons,
+    row = GateRow("decode", call, 16.0, "math", usable, reasons,
                         {"default": 1e-4, "math": 1e-4, "efficient+expand_kv": 2e-5})
     finding = q2_fastpath.math_fallback(row, step_seconds=4e-3)
     assert finding is not None and finding.evidence["reasons"]["flash"] == reasons["flash"]
@@ -164,14 +156,14 @@ def test_math_fallback_from_a_faked_capability_answer(monkeypatch: pytest.Monkey
     for _, _, name in gates.FUSED:
         monkeypatch.setattr(torch.backends.cuda, name, _fake_probe(True, ""))
     usable, reasons, _ = gates.probe_backends(call, inputs)
-    clean = gates.GateRow("decode", call, 16.0, "flash", usable, reasons, {"default": 2e-5, "math": 1e-4, "flash": 2e-5})
+    clean = GateRow("decode", call, 16.0, "flash", usable, reasons, {"default": 2e-5, "math": 1e-4, "flash": 2e-5})
     assert all(usable.values()) and not reasons
     assert q2_fastpath.math_fallback(clean, 4e-3) is None and q2_fastpath.slower_default(clean, 4e-3) is None
 
 
 def test_slower_default_backend() -> None:
-    call = gates.SdpaCall((1, 32, 1, 64), (1, 8, 4096, 64), "bfloat16", None, False, True)
-    row = gates.GateRow("decode", call, 30.0, "efficient", {"flash": True}, {},
+    call = SdpaCall((1, 32, 1, 64), (1, 8, 4096, 64), "bfloat16", None, False, True)
+    row = GateRow("decode", call, 30.0, "efficient", {"flash": True}, {},
                         {"default": 71e-6, "math": 400e-6, "flash": 43e-6, "efficient": 71e-6})
     finding = q2_fastpath.slower_default(row, 10e-3)
     assert finding is not None and finding.lever == "sdpa_backend=flash"

@@ -1,19 +1,37 @@
-"""Triage's lever A/B builds its candidate from a stock copy of the baseline's model."""
+"""Triage's lever A/Bs: run through `ab` on stock copies of the baseline's weights, judged by ab's one verdict rule
+(a null lever is neutral, a lever that never runs is invalid and never recommended), with triage's op shares."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import threading
+from typing import Callable
 
 import pytest
 import torch
 
 from conftest import ARCHS, tiny_runner
-from kerneltriage.backends.torch.accelerate import apply_levers
-from kerneltriage.backends.torch.generate import generate_step
+from kerneltriage.backends.torch import levers as torch_levers
+from kerneltriage.bench import ab
+from kerneltriage.bench.harness import Sample
+from kerneltriage.bench.workloads import Test
+from kerneltriage.engine.backend import get_backend
+from kerneltriage.engine.generation import generate_step
+from kerneltriage.engine.levers import LEVERS, LeverSetting
+from kerneltriage.engine.probes import GateRow, SdpaCall
 from kerneltriage.engine.sampling import SamplingParams
-from kerneltriage.triage.measure import candidate_runner
+from kerneltriage.triage import measure, q3_dispatch
+from kerneltriage.triage.breakdown import Breakdown
+from kerneltriage.triage.report import rank
+from kerneltriage.triage.shares import baseline_evidence, lever_shares
 
+BACKEND = get_backend("torch")
 PROMPT = list(range(1, 17))
+PACKED_QKV = LeverSetting(LEVERS["packed_qkv"])
+# triage's own lever A/B: MIN_PAIRS pairs, so that a verdict other than `indicative` can be reached
+FIVE_PAIRS = ab.Settings(prompt=8, gen=4, pairs=5, warmups=0)
+DECODE = Breakdown("decode", 1e-3, {"q_proj": 1e-4, "k_proj": 5e-5, "v_proj": 5e-5, "down_proj": 3e-4}, None)
 
 
 class _Uncopyable:
@@ -27,31 +45,44 @@ class _Uncopyable:
 
 
 def test_candidate_is_a_stock_copy_with_the_baseline_levers_plus_one() -> None:
-    runner = apply_levers(tiny_runner("qwen2"), ("packed_qkv", "fused_norm"))
-    runner.decode = _Uncopyable(runner.decode)  # the baseline's own step objects must not be copied
+    runner = tiny_runner("qwen2", "packed_qkv,fused_norm")
+    runner.decode_step = _Uncopyable(runner.decode_step)  # the baseline's own step objects must not be copied
     expected = list(generate_step(runner, PROMPT, SamplingParams(), 8))
     before = dict(runner.counters)
-    candidate = candidate_runner(runner, "last_logits")
-    assert candidate.levers == ("packed_qkv", "fused_norm", "last_logits")
-    assert list(generate_step(candidate, PROMPT, SamplingParams(), 8)) == expected
+    candidate = BACKEND.copy(runner, runner.run_config.plus(LeverSetting(LEVERS["last_logits"])))
+    assert candidate.run_config.lever_names == ("packed_qkv", "fused_norm", "last_logits")
+    assert list(generate_step(candidate, PROMPT, SamplingParams(), 8)) == expected and len(set(expected)) > 1
     assert dict(runner.counters) == before  # the copy's levers count for the copy, not the baseline
-    assert all(candidate.counters[lever] > 0 for lever in candidate.levers)
+    assert all(candidate.counters[lever] > 0 for lever in candidate.run_config.lever_names)
     ours = {p.data_ptr() for p in runner.model.parameters()}
     assert not ours & {p.data_ptr() for p in candidate.model.parameters()}  # weights copied, not shared
     # packed once: each attention holds one packed q/k/v, as on the baseline
-    assert [n for n, _ in candidate.model.layers[0].self_attn.named_children()].count("packed_q_proj_k_proj_v_proj") == 1
+    children = [name for name, _ in candidate.model.layers[0].self_attn.named_children()]
+    assert children.count("packed_q_proj_k_proj_v_proj") == 1
+    with pytest.raises(Exception, match="already on"):
+        runner.run_config.plus(PACKED_QKV)
 
 
-def test_the_ab_runs_baseline_and_candidate_in_caches_of_one_size() -> None:
-    from kerneltriage.bench.workloads import Test
-    from kerneltriage.triage.measure import measure_lever
-
+def test_the_ab_runs_baseline_and_candidate_in_caches_of_one_size(monkeypatch: pytest.MonkeyPatch) -> None:
     runner = tiny_runner("llama")
     runner.reset_cache(100)  # left by an earlier, longer stage
-    test = Test("tg", 4, 0)
-    gain = measure_lever(runner, "last_logits", test, pairs=1, warmups=0)
-    assert gain.ran and gain.same_tokens
-    assert runner.model.cache.max_len == test.context_needed  # not the 100-slot cache of before
+    sizes: list[dict[str, int]] = []
+    real = measure.run_ab
+
+    def spy(backend, runners, settings, progress, shares, evidence):  # noqa: ANN001, ANN202
+        def tell(what: str) -> None:
+            if "pair" in what:  # inside a timed block
+                sizes.append({name: r.model.cache.max_len for name, r in runners.items()})
+        return real(backend, runners, settings, tell, shares, evidence)
+
+    monkeypatch.setattr(measure, "run_ab", spy)
+    settings = ab.Settings(prompt=8, gen=4, pairs=2, warmups=0)
+    result = measure.measure_lever(BACKEND, runner, LeverSetting(LEVERS["last_logits"]), settings)
+    assert sizes and all(len(set(seen.values())) == 1 for seen in sizes)  # A, A' and B: one cache size
+    assert max(sizes[0].values()) < 100  # not the 100-slot cache of before
+    assert runner.model.cache is None  # A's cache is dropped again after the A/B
+    assert result.lever == "last_logits" and result.counters == {"last_logits": 2 * settings.pairs}
+    assert result.verdict in ("indicative", "contended") and set(result.phases) == {"prefill", "decode"}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -59,16 +90,111 @@ def test_stock_copy_copies_every_weight_and_no_lever(arch: str) -> None:
     from kerneltriage.backends.torch.load import stock_copy
     from kerneltriage.backends.torch.models.llama import sdpa_attention
 
-    runner = tiny_runner(arch)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # every weight distinct (the presets' biases are 0 and norms 1: a swap would not show)
-        for parameter in runner.model.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator))
-    apply_levers(runner, ("packed_qkv", "packed_gate_up", "fused_norm"))
+    runner = tiny_runner(arch, "packed_qkv,packed_gate_up,fused_norm")  # explicit weights: every one distinct
     copy = stock_copy(runner.model)
     source = dict(runner.model.named_parameters(remove_duplicate=False))
     copied = dict(copy.named_parameters(remove_duplicate=False))
     assert copied and all(torch.equal(p, source[name]) for name, p in copied.items())
+    assert len({p.data_ptr() for p in copied.values()}) == len(copied) - runner.config.tie_embeddings
     assert torch.equal(copy.inv_freq, runner.model.inv_freq) and copy.inv_freq.dtype == torch.float32
     assert (copy.lm_head.weight is copy.embed_tokens.weight) == runner.config.tie_embeddings
     assert copy.attention is sdpa_attention and not any("packed" in name for name in copied)
+
+
+def _fake_timer(monkeypatch: pytest.MonkeyPatch, b_factor: float) -> None:
+    """ab's samples run for real (tokens and lever counters are real) but report time from a deterministic fake
+    clock: 1 ms per token, times `b_factor` on the candidate, times 1 ± 1% with the sign alternating from sample to
+    sample. Within each pair the side that runs first is 2% slower, and pairs alternate which side runs first: the
+    noise is symmetric between the sides by construction, and the A/A band it gives is ±2%."""
+    calls, real = itertools.count(), ab._sampler
+
+    def sampler(runner, test: Test, *rest: object) -> Callable[[], Sample]:  # noqa: ANN001
+        run = real(runner, test, *rest)
+        factor = b_factor if runner.run_config.has("packed_qkv") else 1.0
+
+        def sample() -> Sample:
+            noise = 0.01 if next(calls) % 2 == 0 else -0.01
+            return run()._replace(timed=1e-3 * test.n * factor * (1 + noise))
+        return sample
+
+    monkeypatch.setattr(ab, "_sampler", sampler)
+
+
+def _counts_only(runner, value) -> None:  # noqa: ANN001
+    """A packed_qkv that changes nothing: it only counts its executions (one per prefill)."""
+    stock = runner.prefill_step
+
+    def prefill(model, tokens, start):  # noqa: ANN001, ANN202
+        runner.counters["packed_qkv"] += 1
+        return stock(model, tokens, start)
+
+    runner.prefill_step = prefill
+
+
+@pytest.mark.parametrize(("b_factor", "expected"), [(1.0, "neutral"), (0.8, "win"), (1.25, "loss")])
+def test_a_null_lever_is_neutral_and_a_real_difference_is_not(monkeypatch: pytest.MonkeyPatch, b_factor: float,
+                                                              expected: str) -> None:
+    monkeypatch.setitem(torch_levers.APPLIERS, "packed_qkv", _counts_only)
+    _fake_timer(monkeypatch, b_factor)
+    result = measure.measure_lever(BACKEND, tiny_runner("llama"), PACKED_QKV, FIVE_PAIRS)
+    assert result.verdict == expected, result.reason
+    assert result.counters == {"packed_qkv": 2 * FIVE_PAIRS.pairs}  # pp samples and each tg sample's prefill
+    assert "greedy digests equal" in result.correctness
+    for phase in ("prefill", "decode"):
+        record = result.phases[phase]
+        assert record["band"] == pytest.approx(1.01 / 0.99 - 1)  # the fake clock's noise, sized by the A/A block
+        assert record["ratio"]["confidence"] == pytest.approx(0.9375)  # [min, max] of 5 pairs
+        assert result.ratio(phase) == pytest.approx(1 / b_factor, rel=0.03)  # B/A throughput
+        assert record["verdict"] == expected
+    finding = q3_dispatch.lever_finding(result, DECODE)
+    assert finding.confidence == "measured" and finding.measured_gain == result.ratio("decode")
+    assert (rank([finding]) == [finding]) == (expected == "win")  # only ab's win is recommended
+
+
+def test_a_lever_that_never_runs_is_invalid_and_never_recommended(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(torch_levers.APPLIERS, "packed_qkv", lambda runner, value: None)
+    settings = ab.Settings(prompt=8, gen=4, pairs=2, warmups=0)
+    result = measure.measure_lever(BACKEND, tiny_runner("llama"), PACKED_QKV, settings)
+    assert result.verdict == "invalid" and "never executed" in result.reason and "packed_qkv" in result.reason
+    assert result.counters == {"packed_qkv": 0} and not result.valid
+    assert result.ratio("decode") is None and result.ratio("prefill") is None  # no gain from an invalid A/B
+    findings = q3_dispatch.analyze(DECODE, {"readbacks": 1.0}, {"packed_qkv": result}, gpu=False)
+    (finding,) = [f for f in findings if f.lever == "packed_qkv"]
+    assert finding.measured_gain is None and finding.evidence["ab"]["verdict"] == "invalid"
+    assert "never executed" in finding.title
+    assert finding not in rank(findings)
+    # the control: the same finding with ab's win is recommended, so the verdict is what keeps it out
+    won = q3_dispatch.lever_finding(dataclasses.replace(result, verdict="win"), DECODE)
+    assert rank([won]) == [won]
+
+
+def test_a_lever_that_cannot_apply_here_is_a_note_not_a_result() -> None:
+    notes: list[str] = []
+    runner = tiny_runner("llama")
+    settings = ab.Settings(prompt=8, gen=4, pairs=2, warmups=0)
+    assert measure.try_lever(BACKEND, runner, LeverSetting(LEVERS["graphs"]), settings, None, None, notes) is None
+    assert notes == ["graphs: not measured — --levers graphs: needs a CUDA device, not cpu"]
+    assert runner.counters == {} and runner.model.cache is None  # nothing ran
+
+
+def test_lever_shares_follow_the_seams_and_phases_of_the_table() -> None:
+    prefill = Breakdown("prefill", 1e-2, {"q_proj": 2e-3, "attention": 3e-3, "output projection": 1e-3}, None)
+    breakdowns = {"prefill": prefill, "decode": DECODE}  # prefill: 40% gap; decode: 50% gap
+
+    def shares(text: str) -> dict[str, float]:
+        name, _, value = text.partition("=")
+        return lever_shares(LeverSetting(LEVERS[name], value or None), breakdowns)
+
+    assert shares("packed_qkv") == pytest.approx({"prefill": 0.2 + 0.4, "decode": 0.2 + 0.5})
+    assert shares("last_logits") == pytest.approx({"prefill": 0.1 + 0.4, "decode": 0.0})  # a prefill lever
+    assert shares("one_sync") == pytest.approx({"prefill": 0.0, "decode": 0.5})  # the loop: the gap only
+    assert shares("sdpa_backend=flash") == pytest.approx({"prefill": 0.3 + 0.4, "decode": 0.5})
+    assert shares("kernel=pkg.mod:NAME") == {}  # no seam says what it touches: no share, no no-lever
+
+
+def test_baseline_evidence_from_the_gate_audit() -> None:
+    call = SdpaCall((1, 4, 1, 16), (1, 2, 9, 16), "float32", None, False, True)
+    assert baseline_evidence([]) == {}
+    assert baseline_evidence([GateRow("decode", call, 2.0, "flash (cpu)")]) == {"attention backend": None}
+    fallen = baseline_evidence([GateRow("decode", call, 2.0, "math"), GateRow("prefill", call, 2.0, "flash")])
+    assert fallen == {"attention backend": "1 attention call shape(s) fall back to math (decode)"}

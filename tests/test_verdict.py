@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kerneltriage.core import verdict
+from kerneltriage.core import stats, verdict
 from kerneltriage.core.environment import Snapshot
 from kerneltriage.core.stats import Interval
 
@@ -42,24 +42,48 @@ def _phases(*verdicts: str) -> dict[str, verdict.Verdict]:
 
 
 @pytest.mark.parametrize(
-    ("phases", "expected"),
+    ("phases", "slower", "expected"),
     [
-        (("win", "neutral"), "win"),
-        (("win", "loss"), "loss"),
-        (("neutral", "no-lever"), "neutral"),
-        (("no-lever", "no-lever"), "no-lever"),
-        (("neutral", "neutral"), "neutral"),
+        (("win", "neutral"), (), "win"),
+        (("win", "neutral"), ("phase1",), "traded"),  # decode 0.76 [0.66, 1.02] beside a prefill win
+        (("win", "loss"), ("phase1",), "traded"),
+        (("loss", "neutral"), ("phase0",), "loss"),
+        (("neutral", "no-lever"), (), "neutral"),
+        (("no-lever", "no-lever"), (), "no-lever"),
+        (("neutral", "neutral"), (), "neutral"),
     ],
 )
-def test_overall_combines_phases(phases: tuple[str, ...], expected: str) -> None:
-    assert verdict.overall_verdict(_phases(*phases), True, []).verdict == expected
+def test_overall_combines_phases(phases: tuple[str, ...], slower: tuple[str, ...], expected: str) -> None:
+    assert verdict.overall_verdict(_phases(*phases), True, [], slower_phases=slower).verdict == expected
+
+
+def test_a_phase_is_slower_when_its_estimate_is_below_the_band_whatever_its_ci() -> None:
+    fused_norm_decode = stats.Interval(0.76, 0.66, 1.02, 0.9375)  # the recorded H200 row that was called "win"
+    assert verdict.phase_verdict(fused_norm_decode, 0.01).verdict == "neutral"
+    assert verdict.slower(fused_norm_decode, 0.01)
+    assert not verdict.slower(stats.Interval(0.995, 0.98, 1.01, 0.9375), 0.01)
+
+
+@pytest.mark.parametrize("pairs", [2, 3, 4])
+def test_fewer_than_five_pairs_is_indicative_never_a_win(pairs: int) -> None:
+    result = verdict.overall_verdict(_phases("win", "win"), True, [], pairs=pairs)
+    assert result.verdict == "indicative" and "would be win" in result.reason
+    assert verdict.overall_verdict(_phases("win", "win"), True, [], pairs=verdict.MIN_PAIRS).verdict == "win"
+
+
+def test_a_shared_machine_gets_no_verdict() -> None:
+    wide = verdict.band_contention({"prefill": 0.05, "decode": 0.71})
+    assert wide is not None and "decode ±0.71" in wide
+    assert verdict.band_contention({"prefill": 0.05, "decode": 0.30}) is None
+    result = verdict.overall_verdict(_phases("win", "win"), True, [], contention=wide)
+    assert result.verdict == "contended" and "no verdict" in result.reason
 
 
 def test_invalid_beats_any_timing() -> None:
     wins = _phases("win", "win")
-    differ = verdict.overall_verdict(wins, False, [], "digests differ")
+    differ = verdict.overall_verdict(wins, False, [], "digests differ", contention="busy")
     assert differ.verdict == "invalid" and "digests differ" in differ.reason
-    silent = verdict.overall_verdict(wins, True, ["graphs"])
+    silent = verdict.overall_verdict(wins, True, ["graphs"], pairs=2)
     assert silent.verdict == "invalid" and "graphs" in silent.reason
 
 
@@ -69,7 +93,10 @@ def test_every_verdict_is_reachable_and_the_ledger_accepts_exactly_these() -> No
     reached = {verdict.phase_verdict(ci(1.1, 1.2), 0.05).verdict, verdict.phase_verdict(ci(0.8, 0.9), 0.05).verdict,
                verdict.phase_verdict(ci(0.99, 1.01), 0.05).verdict,
                verdict.phase_verdict(ci(0.99, 1.01), 0.05, 0.001).verdict,
-               verdict.overall_verdict(_phases("win"), False, []).verdict}
+               verdict.overall_verdict(_phases("win"), False, []).verdict,
+               verdict.overall_verdict(_phases("win", "loss"), True, [], slower_phases=["phase1"]).verdict,
+               verdict.overall_verdict(_phases("win"), True, [], pairs=2).verdict,
+               verdict.overall_verdict(_phases("win"), True, [], contention="shared").verdict}
     assert reached == set(verdict.VERDICTS) == set(ledger.VERDICTS)
 
 

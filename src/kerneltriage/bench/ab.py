@@ -14,14 +14,15 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from kerneltriage.bench.equivalence import (DIGEST_PROMPT_TOKENS, DIGEST_PROMPTS, DIGEST_TOKENS, Correctness,
                                             check_outputs, check_timed)
-from kerneltriage.bench.harness import Sample, decode_sample, prefill_sample
-from kerneltriage.bench.workloads import WORKLOAD_SEED, Test, check_fits, expand, tokens_for
+from kerneltriage.bench.harness import Sample, decode_sample, prefill_sample, prompts_sample
+from kerneltriage.bench.workloads import WORKLOAD_SEED, PromptSet, Test, check_fits, expand, tokens_for
 from kerneltriage.core import stats, verdict
 from kerneltriage.core.environment import take_snapshot
+from kerneltriage.core.errors import InputError
 from kerneltriage.core.measurement import Measurement, MeasurementSpec
 from kerneltriage.engine.backend import Backend, Runner
 from kerneltriage.engine.checkpoint import Checkpoint
@@ -34,13 +35,15 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class Settings:
-    """Workload and effort: prefill and decode sizes, pairs per block, warm-ups, sustained seconds."""
+    """Workload and effort: prefill and decode sizes, pairs per block, warm-ups, sustained seconds; with a prompt
+    set, every decode sample decodes `gen` tokens after each of its prompts (random tokens otherwise)."""
 
     prompt: int = 512
     gen: int = 128
     pairs: int = 10
     warmups: int = 1
     sustain: float = 0.0
+    prompt_set: PromptSet | None = None
 
     def __post_init__(self) -> None:
         if self.pairs < 2 or self.warmups < 0 or self.sustain < 0:
@@ -50,6 +53,18 @@ class Settings:
     def tests(self) -> list[Test]:
         return expand([self.prompt], [self.gen], [0])
 
+    @property
+    def context_needed(self) -> int:
+        """Cache positions the longest sample fills."""
+        longest = self.prompt_set.longest if self.prompt_set and self.gen else 0
+        return max([t.context_needed for t in self.tests] + [longest + self.gen + 1])
+
+    def name(self, test: Test) -> str:
+        """The test's name, with the prompt set its decode samples run over."""
+        if test.kind == "tg" and self.prompt_set is not None:
+            return f"{test.name} × {len(self.prompt_set.prompts)} prompts ({self.prompt_set.name})"
+        return test.name
+
 
 @dataclass(frozen=True)
 class Phase:
@@ -57,6 +72,7 @@ class Phase:
     tokens of the first A/B pair (decode: what the timed runs emitted)."""
 
     test: Test
+    name: str
     aa: tuple[Measurement, Measurement]
     ab: tuple[Measurement, Measurement]
     aa_ratio: stats.Interval
@@ -71,7 +87,7 @@ class Phase:
 
     def to_dict(self) -> dict[str, Any]:
         (a, b), (aa_a, aa_b) = self.ab, self.aa
-        return {"phase": self.test.phase, "test": self.test.name, "a": _rates(a), "b": _rates(b),
+        return {"phase": self.test.phase, "test": self.name, "a": _rates(a), "b": _rates(b),
                 "ratio": _interval(self.ratio), "aa_ratio": _interval(self.aa_ratio), "band": self.band,
                 "slower": self.slower, "verdict": self.verdict.verdict, "reason": self.verdict.reason,
                 "warnings": sorted({c.code for m in (aa_a, aa_b, a, b) for c in m.warnings()})}
@@ -87,10 +103,12 @@ def _interval(i: stats.Interval) -> dict[str, float]:
     return {"estimate": i.estimate, "low": i.low, "high": i.high, "confidence": i.confidence}
 
 
-def _sampler(runner: Runner, test: Test) -> Callable[[], Sample]:
+def _sampler(runner: Runner, test: Test, prompt_set: PromptSet | None = None) -> Callable[[], Sample]:
     tokens = tokens_for(test, runner.config.vocab_size)
     if test.kind == "pp":
         return lambda: prefill_sample(runner, tokens)
+    if prompt_set is not None:
+        return lambda: prompts_sample(runner, prompt_set.prompts, test.n)
     return lambda: decode_sample(runner, tokens, test.n)
 
 
@@ -129,7 +147,7 @@ def _block(names: tuple[str, str], samplers: Mapping[str, Callable[[], Sample]],
 def measure_phase(runners: Mapping[str, Runner], test: Test, settings: Settings, progress: Progress,
                   share: float | None = None) -> Phase:
     """Warm-ups of every runner, the A/A block, then the A/B block; ratios, band and verdict."""
-    samplers = {name: _sampler(runner, test) for name, runner in runners.items()}
+    samplers = {name: _sampler(runner, test, settings.prompt_set) for name, runner in runners.items()}
     warm = {name: [sampler().timed for _ in range(settings.warmups)] for name, sampler in samplers.items()}
     progress(f"{test.name} warmed up")
     gpu = runners["A"].gpu_index or 0
@@ -138,13 +156,17 @@ def measure_phase(runners: Mapping[str, Runner], test: Test, settings: Settings,
     aa_ratio = stats.paired_ratio_ci(aa[0].samples, aa[1].samples)
     ratio = stats.paired_ratio_ci(ab[0].samples, ab[1].samples)
     band = verdict.noise_band(aa_ratio)
-    return Phase(test, aa, ab, aa_ratio, ratio, band, verdict.phase_verdict(ratio, band, share), tokens)
+    return Phase(test, settings.name(test), aa, ab, aa_ratio, ratio, band, verdict.phase_verdict(ratio, band, share),
+                 tokens)
 
 
-def sustain(runners: Mapping[str, Runner], tests: Sequence[Test], seconds: float,
-            progress: Progress) -> tuple[list[Measurement], dict[str, tuple[float, float]]]:
-    """Alternate A and B (every test each) for `seconds`; first vs last window rate per config and phase."""
-    samplers = {(name, test): _sampler(runners[name], test) for name in ("A", "B") for test in tests}
+def sustain(runners: Mapping[str, Runner], settings: Settings, progress: Progress
+            ) -> tuple[list[Measurement], dict[str, tuple[float, float]]]:
+    """Alternate A and B (every test each) for `settings.sustain` seconds; first vs last window rate per config
+    and phase."""
+    seconds, tests = settings.sustain, settings.tests
+    samplers = {(name, test): _sampler(runners[name], test, settings.prompt_set) for name in ("A", "B")
+                for test in tests}
     times: dict[tuple[str, Test], list[float]] = {key: [] for key in samplers}
     gpu = runners["A"].gpu_index or 0
     start, began, rounds = take_snapshot(gpu), time.perf_counter(), 0
@@ -227,15 +249,19 @@ def run_ab(backend: Backend, runners: Mapping[str, Runner], settings: Settings, 
     check → problem found in the baseline, or None when it passed (answers checklist point 3)."""
     a, b = runners["A"], runners["B"]
     check_fits(settings.tests, a.config.max_context)
+    if settings.context_needed > a.config.max_context:
+        raise InputError(f"--prompts {settings.prompt_set.name}: the longest prompt ({settings.prompt_set.longest} "
+                         f"tokens) and {settings.gen} new ones exceed the model's context of {a.config.max_context}")
     progress("checking outputs")
     correctness = check_outputs(backend, a, b)
-    for runner in runners.values():  # one cache big enough for every test: reused, never reallocated
-        runner.reset_cache(max(t.context_needed for t in settings.tests))
+    for runner in runners.values():  # one cache for every test, the same size on all three: reused, never reallocated
+        runner.drop_cache()  # the correctness check left bigger caches on A and B than on A'
+        runner.reset_cache(settings.context_needed)
     before = _executions(runners)
     phases = [measure_phase(runners, t, settings, progress, (shares or {}).get(t.phase)) for t in settings.tests]
     counters = {name: {key: n - before[name][key] for key, n in c.items()} for name, c in _executions(runners).items()}
-    correctness = _with_timed(backend, a, b, correctness, phases)
-    sustained, windows = sustain(runners, settings.tests, settings.sustain, progress) if settings.sustain else ([], {})
+    correctness = _with_timed(backend, a, b, correctness, phases, settings)
+    sustained, windows = sustain(runners, settings, progress) if settings.sustain else ([], {})
     report = Report(_config(runners, settings), correctness, counters,
                     sorted({key for c in counters.values() for key, n in c.items() if n == 0}),
                     phases, sustained, windows)
@@ -247,14 +273,20 @@ def run_ab(backend: Backend, runners: Mapping[str, Runner], settings: Settings, 
     return report
 
 
-def _with_timed(backend: Backend, a: Runner, b: Runner, correctness: Correctness, phases: list[Phase]) -> Correctness:
-    """The correctness record with what the timed decode runs' own tokens showed."""
+def _with_timed(backend: Backend, a: Runner, b: Runner, correctness: Correctness, phases: list[Phase],
+                settings: Settings) -> Correctness:
+    """The correctness record with what the timed decode runs' own tokens showed (per prompt of a prompt set)."""
     decode = next((p for p in phases if p.test.kind == "tg"), None)
     if decode is None:
         return correctness
-    prefix = tokens_for(decode.test, a.config.vocab_size).prefix
-    timed = check_timed(backend, a, b, prefix, *decode.tokens)
-    return correctness if timed is None else dataclasses.replace(correctness, timed=timed)
+    size = decode.test.n + 1  # tokens each prompt's run emits
+    prefixes = settings.prompt_set.prompts if settings.prompt_set else [tokens_for(decode.test, a.config.vocab_size).prefix]
+    for i, prefix in enumerate(prefixes):
+        runs = (tokens[i * size:(i + 1) * size] for tokens in decode.tokens)
+        timed = check_timed(backend, a, b, prefix, *runs)
+        if timed is not None:
+            return dataclasses.replace(correctness, timed=f"prompt {i}: {timed}" if settings.prompt_set else timed)
+    return correctness
 
 
 def _checklist(report: Report, a: RunConfig, b: RunConfig, evidence: Mapping[str, str | None] | None
@@ -276,9 +308,9 @@ def _checklist(report: Report, a: RunConfig, b: RunConfig, evidence: Mapping[str
 def _config(runners: Mapping[str, Runner], settings: Settings) -> dict[str, Any]:
     a, b = runners["A"], runners["B"]
     return {"source": a.checkpoint.source, "model": a.config.name, "random_weights": a.config.random_weights,
-            "backend": a.backend, "device": a.device, "dtype": a.dtype,
+            "backend": a.backend, "device": str(a.device), "dtype": a.dtype,
             "a": _side(a.run_config), "b": _side(b.run_config),
-            "tests": [t.name for t in settings.tests], "pairs": settings.pairs, "warmups": settings.warmups,
+            "tests": [settings.name(t) for t in settings.tests], "pairs": settings.pairs, "warmups": settings.warmups,
             "sustain_s": settings.sustain, "seed": WORKLOAD_SEED,
             "digest": {"prompts": DIGEST_PROMPTS, "prompt_tokens": DIGEST_PROMPT_TOKENS, "tokens": DIGEST_TOKENS},
             "noise_band_rule": f"A/A CI bound farthest from 1, at least {verdict.MIN_NOISE_BAND}",

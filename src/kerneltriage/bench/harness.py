@@ -28,6 +28,7 @@ from kerneltriage.core.measurement import Measurement, MeasurementSpec
 from kerneltriage.engine.sampling import SamplingParams
 
 ENGINE = "kerneltriage"
+host_clock = time.perf_counter  # the plain host clock of the samples (a test puts a fake clock here)
 DEFAULT_WARMUPS = 1
 GREEDY = SamplingParams()
 # (samples done, what is running): called after every warm-up and timed sample
@@ -156,7 +157,7 @@ def prefill_sample(runner: Runner, tokens: Tokens) -> Sample:
     logits = runner.prefill(tokens.prompt, depth)  # (1, V)
     prefilled = runner.clock()
     runner.greedy(logits)  # the host reads the first token
-    return Sample(prefilled - start, time.perf_counter() - start)
+    return Sample(prefilled - start, host_clock() - start)
 
 
 def decode_sample(runner: Runner, tokens: Tokens, count: int) -> Sample:
@@ -166,13 +167,20 @@ def decode_sample(runner: Runner, tokens: Tokens, count: int) -> Sample:
     logits = runner.prefill(tokens.prefix, 0)
     loop = runner.loop(logits, len(tokens.prefix), count + 1, runner.sampler(GREEDY, tokens.prefix))
     generated = [next(loop)]
-    first = time.perf_counter()  # a host int: the work that made it is done (module docstring)
+    first = host_clock()  # a host int: the work that made it is done (module docstring)
     generated += list(loop)
-    end = time.perf_counter()
+    end = host_clock()
     runner.synchronize()  # nothing left queued for the next sample
     if len(generated) != count + 1:
         raise RuntimeError(f"token loop gave {len(generated)} tokens, expected {count + 1}")
     return Sample(end - first, first - start, tuple(generated))
+
+
+def prompts_sample(runner: Runner, prompts: Sequence[Sequence[int]], count: int) -> Sample:
+    """`decode_sample` of every prompt in turn: decode seconds and first-token seconds summed, tokens joined."""
+    samples = [decode_sample(runner, Tokens(tuple(prompt), ()), count) for prompt in prompts]
+    return Sample(sum(s.timed for s in samples), sum(s.first_token for s in samples),
+                  tuple(t for s in samples for t in s.tokens))
 
 
 class KerneltriageEngine:

@@ -7,9 +7,11 @@ token like any other, since no token loop under test stops on it.
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Iterable, Sequence
 
 from kerneltriage.core.errors import InputError
 
@@ -90,6 +92,39 @@ def tokens_for(test: Test, vocab_size: int, seed: int = WORKLOAD_SEED) -> Tokens
     """The test's tokens, cut from one stream: the prefix first, the timed prompt right after it."""
     stream = token_stream(vocab_size, test.prefix_length + (test.n if test.kind == "pp" else 0), seed)
     return Tokens(tuple(stream[: test.prefix_length]), tuple(stream[test.prefix_length:]))
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """Real prompts for decode tests (`ab --prompts`): each tg sample decodes every prompt in turn."""
+
+    name: str
+    prompts: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        if not self.prompts or not all(self.prompts):
+            raise ValueError(f"prompt set {self.name}: expected at least one non-empty prompt")
+
+    @property
+    def longest(self) -> int:
+        return max(map(len, self.prompts))
+
+
+def load_prompt_set(path: Path, tokenizer: Any, chat: bool = True) -> PromptSet:
+    """A JSON-lines file of {"prompt": "..."} objects, each encoded (in the model's chat template by default)."""
+    prompts = []
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        texts = [json.loads(line)["prompt"] for line in lines]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"--prompts {path}: expected a JSON-lines file of {{\"prompt\": ...}} objects ({exc})") from None
+    for text in texts:
+        if chat:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        prompts.append(tuple(tokenizer.encode(text, add_special=not chat)))
+    if not prompts:
+        raise InputError(f"--prompts {path}: expected at least one prompt")
+    return PromptSet(path.stem, tuple(prompts))
 
 
 def check_fits(tests: Iterable[Test], max_context: int) -> None:

@@ -25,13 +25,16 @@ EPILOG = """examples:
 
 A side is key=value pairs separated by ';': levers=a,b ('levers=' is stock), spec=ngram|selfdraft[:L]|draft:MODEL
 and depth=K|auto (speculative decoding, as --spec and --spec-depth on generate). The timed prompts are random
-tokens: prompt lookup (ngram) finds nothing to draft there, and a B whose speculation never verified is invalid.
-Order of work: greedy digests of A and B must match (levers that change numerics may instead stay within
-a stated logit tolerance); A against a second copy of A (A/A) sizes the noise band; then -r pairs of A and
-B, interleaved, prefill (pp N) and decode (tg N) apart. tok/s = tokens / median sample time; ± = IQR of
-the per-sample rates; B/A = median A time / median B time with its 95% paired-bootstrap CI; the A/A band
-is 1 ± the A/A CI bound farthest from 1 (at least 1%). The CI is the order-statistic interval of the per-pair
-ratios; the level printed is the one it has (5 pairs: 94%). Verdicts: win / loss (B/A CI clear of the band),
+tokens: prompt lookup (ngram) finds nothing to draft there, and a B whose speculation never verified is invalid;
+--prompts FILE.jsonl decodes after each of a file's prompts instead (benchmarks/prompts/ has sets).
+Order of work: greedy digests of A and B must match (levers that reorder the arithmetic may instead stay
+within a stated logit tolerance: in bf16 the lever in float32 within 1e-4 of float32 stock, and no further
+from float32 than 1.5 × A's own rounding error), per-op checks at the model's shapes, then A against a second
+copy of A (A/A) sizes the noise band; then -r pairs of A and B, interleaved, prefill (pp N) and decode (tg N)
+apart; the timed runs' own tokens are compared last. tok/s = tokens / median sample time; ± = IQR of the
+per-sample rates; B/A = the median of the per-pair ratios A time / B time with its order-statistic CI, whose
+printed level is the one it has at this many pairs (5 pairs: 94%); the A/A band is 1 ± the A/A CI bound
+farthest from 1 (at least 1%). Verdicts: win / loss (B/A CI clear of the band),
 traded (a win in one phase, another phase's estimate below the band), neutral, no-lever, indicative (fewer than
 5 pairs: never a win), contended (the A/A band wider than ±0.5: no verdict), invalid (outputs differ, or a
 lever of B never ran in the timed runs).
@@ -75,6 +78,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("-r", "--repetitions", dest="pairs", type=_whole(2), default=10, help="pairs per block (default: 10)")
     add("--warmups", type=_whole(0), default=1, help="untimed samples per config and phase (default: 1)")
     add("--sustain", type=_seconds, default=0.0, help="seconds of sustained alternation (default: 0 = none)")
+    add("--prompts", type=Path, default=None, help="decode on the prompts of this JSON-lines file ({\"prompt\": ...} "
+        "per line, in the chat template) instead of random tokens: how speculation is judged")
+    add("--no-chat", dest="chat", action="store_false", help="with --prompts: the prompts as written, no chat template")
     add("--output", choices=OUTPUTS, default="table", help="table | json | md (default: table)")
     add("--ledger", type=Path, default=DEFAULT_LEDGER_PATH, help="ledger file (default: %(default)s)")
     parser.set_defaults(func=run)
@@ -83,17 +89,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Parse → load → check, measure, judge → record → render."""
     from kerneltriage.bench.ab import Settings, build_runners, record, run_ab
-    from kerneltriage.bench.workloads import check_fits
+    from kerneltriage.bench.workloads import check_fits, load_prompt_set
     from kerneltriage.core.environment import capture_environment
+    from kerneltriage.core.errors import InputError
     from kerneltriage.core.ledger import Ledger
     from kerneltriage.engine.backend import get_backend
     from kerneltriage.engine.configuration import RunConfig
     from kerneltriage.engine.sources import load_checkpoint
 
     a, b = RunConfig.parse(args.a, "--a"), RunConfig.parse(args.b, "--b")
-    settings = Settings(args.prompt, args.gen, args.pairs, args.warmups, args.sustain)
+    if args.prompts is not None and not args.prompts.is_file():
+        raise InputError(f"--prompts {args.prompts}: no such file (expected JSON lines of {{\"prompt\": ...}})")
     backend = get_backend(args.backend)
     checkpoint = load_checkpoint(args.model)
+    prompt_set = load_prompt_set(args.prompts, checkpoint.tokenizer, args.chat) if args.prompts else None
+    settings = Settings(args.prompt, args.gen, args.pairs, args.warmups, args.sustain, prompt_set)
     check_fits(settings.tests, checkpoint.config.max_context)
     device = backend.resolve_device(args.device)
     dtype = backend.resolve_dtype(args.dtype, device)

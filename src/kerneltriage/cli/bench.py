@@ -123,7 +123,7 @@ def measure(runner: Any, tests: list, peers: tuple[str, ...], args: argparse.Nam
 def _config(runner: Any, tests: list, peers: tuple[str, ...], settings: Any, args: argparse.Namespace,
             ceilings: Any) -> dict:
     return {"model": args.model, "source": runner.checkpoint.source, "random_weights": runner.config.random_weights,
-            "backend": runner.backend, "device": runner.device, "dtype": runner.dtype,
+            "backend": runner.backend, "device": str(runner.device), "dtype": runner.dtype,
             "levers": list(runner.run_config.lever_names), "spec": runner.run_config.text, "tests": [t.name for t in tests], "repeats": settings.repeats,
             "warmups": settings.warmups, "seed": settings.seed, "peers": list(peers), "ceilings": asdict(ceilings)}
 

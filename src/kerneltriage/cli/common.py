@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any
 
+from kerneltriage.core.errors import InputError
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.levers import help_table
 
@@ -27,8 +28,18 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_config(args: argparse.Namespace, speculate: bool = True) -> RunConfig:
-    """The configuration the flags ask for (an InputError before any loading when they are wrong)."""
-    return RunConfig.from_flags(args.levers, args.spec if speculate else None, args.spec_depth if speculate else None)
+    """The configuration the flags ask for, and the backend checked (an InputError before any loading when they are
+    wrong)."""
+    from kerneltriage.engine.backend import get_backend
+    from kerneltriage.engine.levers import parse_levers
+    from kerneltriage.engine.speculative.config import parse_speculation
+
+    get_backend(args.backend)
+    try:
+        levers = parse_levers(args.levers)
+    except InputError as exc:
+        raise InputError(f"--levers {args.levers!r}: {exc}") from None
+    return RunConfig(levers, parse_speculation(args.spec, args.spec_depth) if speculate else None)
 
 
 def build_runner(checkpoint: Any, args: argparse.Namespace, config: RunConfig) -> Any:

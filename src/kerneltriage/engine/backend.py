@@ -146,8 +146,9 @@ class Backend(Protocol):
     def copy(self, runner: Runner, config: "RunConfig") -> Runner:
         """A runner on a stock copy of `runner`'s weights (made on its device, no reload), configured anew."""
 
-    def float32_reference(self, runner: Runner) -> Runner:
-        """The same stored weights computed in float32 with stock steps."""
+    def float32_reference(self, runner: Runner, config: "RunConfig | None" = None) -> Runner:
+        """The weights `runner` holds, upcast exactly to float32 (only the arithmetic differs), with stock steps, or
+        with `config` applied (the same levers in float32: what a lever computes, free of rounding)."""
 
     def release(self, runner: Runner) -> None:
         """Free what the runner holds now (a large copy must not outlive its A/B)."""

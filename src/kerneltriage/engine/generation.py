@@ -105,7 +105,7 @@ def stream_generate(runner: "Runner", prompt: Sequence[int], params: SamplingPar
         text, hit_stop = ("", False) if token in eos else stops.feed(decoder(token))
         done = token in eos or hit_stop
         reason = "stop" if done else ("length" if count == limit else None)
-        if reason == "length":
+        if reason is not None:  # the run ends: text held back for a stop string is text (empty after a hit)
             text += stops.flush()
         yield GenerationResponse(text, token, len(prompt), prompt_tps, count, decode_tps, runner.peak_memory(), reason)
         if done:

@@ -107,7 +107,11 @@ def _lever(state: _State, setting: LeverSetting) -> LeverResult | None:
 def stage_delete(state: _State) -> None:
     """Q1: the last_logits A/B, attention sparsity (real weights only), then the delete-work detectors."""
     runner, w = state.runner, state.workload
-    last = _lever(state, LeverSetting(LEVERS["last_logits"])) if not runner.run_config.has("last_logits") else None
+    last = None
+    if runner.run_config.has("last_logits"):
+        state.notes.append("last_logits: not measured — already on")
+    else:
+        last = _lever(state, LeverSetting(LEVERS["last_logits"]))
     sparsity = None
     if runner.config.random_weights:
         state.notes.append("sparse-V: not measured — random weights attend uniformly; needs a real model")
@@ -158,7 +162,9 @@ def sweep_rows(speculation: Speculation | None) -> tuple[int, ...] | None:
 def stage_dispatch(state: _State) -> None:
     """Q3: every dispatch lever not already on, through `ab`, then the dispatch findings."""
     for setting in DISPATCH_LEVERS:
-        if not state.runner.run_config.has(setting.name):
+        if state.runner.run_config.has(setting.name):
+            state.notes.append(f"{setting.text}: not measured — already on")
+        else:
             _lever(state, setting)
     state.notes += [f"{name}: not measured — {why}" for name, why in NOT_MEASURED.items()
                     if not state.runner.run_config.has(name)]
@@ -194,7 +200,7 @@ def triage(backend: Backend, runner: Runner, workload: Workload, progress: Progr
     state = _State(backend, runner, workload, budget_for(runner.device_type), runner.device_type == "cuda",
                    speculation)
     config = {"model": runner.config.name or runner.checkpoint.source, "source": runner.checkpoint.source,
-              "random_weights": runner.config.random_weights, "backend": runner.backend, "device": runner.device,
+              "random_weights": runner.config.random_weights, "backend": runner.backend, "device": str(runner.device),
               "dtype": runner.dtype, "levers": list(runner.run_config.lever_names), "run_config": runner.run_config.text,
               "workload": asdict(workload), "budget": asdict(state.budget),
               "spec": speculation.label if speculation else None}

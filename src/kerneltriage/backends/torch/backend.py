@@ -40,11 +40,12 @@ class TorchBackend:
         stock = Runner(stock_copy(runner.model), runner.checkpoint, runner.device, runner.torch_dtype)
         return apply_config(stock, config)
 
-    def float32_reference(self, runner: Runner) -> Runner:
-        reference = build_runner(runner.checkpoint, runner.device, runner.torch_dtype)  # bit-identical weights …
-        reference.model.float()  # … then exact upcasts: only the arithmetic differs
-        reference.torch_dtype = torch.float32
-        return reference
+    def float32_reference(self, runner: Runner, config: RunConfig | None = None) -> Runner:
+        from kerneltriage.backends.torch.load import stock_copy
+
+        model = stock_copy(runner.model).float()  # bit-identical weights, then exact upcasts: only the arithmetic differs
+        reference = Runner(model, runner.checkpoint, runner.device, torch.float32)
+        return reference if config is None else apply_config(reference, config)
 
     def release(self, runner: Runner) -> None:
         """Drop the runner's cache and collect (lever closures hold cycles): a large copy must not linger."""

@@ -18,8 +18,10 @@ def forced_logits(runner: "Runner", prompt: Sequence[int], fed: Sequence[int] | 
     greedy tokens), and the tokens fed. A speculating runner takes them through its verify forward, its deepest
     k+1 rows at a time (padded like its own loop pads), so the path its speculation runs is the one checked; the
     others through their decode step."""
+    if fed is not None and len(fed) >= count - 1 and _stock(runner):
+        return _one_forward(runner, prompt, list(fed)[: count - 1]), list(fed)[: count - 1]
     runner.reset_cache(len(prompt) + count)
-    rows = [runner.prefill(prompt, 0)[0].float()]
+    rows = [_host_row(runner.prefill(prompt, 0)[0])]
     position, fed = len(prompt), list(fed or [])[: count - 1]
     block = runner.speculation.controller.deepest + 1 if runner.speculation else 0
     if block and len(fed) < count - 1:
@@ -29,10 +31,28 @@ def forced_logits(runner: "Runner", prompt: Sequence[int], fed: Sequence[int] | 
         done = len(rows) - 1  # tokens fed so far
         if block:
             chunk = fed[done:done + block]
-            rows += list(runner.verify(chunk[0], chunk[1:], position + done, pad).float())
+            rows += list(_host_row(runner.verify(chunk[0], chunk[1:], position + done, pad)))
             runner.trim_cache(position + done + len(chunk))
             continue
         if done == len(fed):  # no token given: the runner's own greedy one
             fed.append(int(rows[-1].argmax()))
-        rows.append(runner.decode(fed[done], position + done)[0].float())
-    return torch.stack(rows).cpu().numpy(), fed
+        rows.append(_host_row(runner.decode(fed[done], position + done)[0]))
+    return np.stack(rows), fed
+
+
+def _host_row(logits: torch.Tensor) -> np.ndarray:
+    """A float32 copy on the host, now: a graphed step returns its output slot, which the next replay rewrites."""
+    return logits.detach().to("cpu", torch.float32, copy=True).numpy()
+
+
+def _stock(runner: "Runner") -> bool:
+    """No lever and no speculation: the runner's steps are the model's own forward."""
+    return not runner.run_config.levers and runner.speculation is None
+
+
+def _one_forward(runner: "Runner", prompt: Sequence[int], fed: list[int]) -> np.ndarray:
+    """A stock runner's teacher-forced logits in one causal forward over prompt + fed: the same function as
+    its decode steps, computed at once (a reference over 300 positions costs one pass, not 300 eager steps)."""
+    tokens = list(prompt) + fed
+    runner.reset_cache(len(tokens))
+    return _host_row(runner.model(runner.tensor(tokens), 0)[0, len(prompt) - 1:])  # (len(fed) + 1, V)

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# This session's H200 records, one step per device call (each prints a line per sub-step with its exit status and
+# seconds; results land in $OUT, packed into $OUT/STEP.tgz as well since a call returns at most 8 files).
+#   bash benchmarks/h200.sh smoke      the CUDA code paths the CPU cannot run, on tiny shapes (~1 min)
+#   bash benchmarks/h200.sh 8b         the lever table of the llama3-8b preset under the one verdict rule, then its
+#                                      triage (no default model needed)
+#   bash benchmarks/h200.sh default    the same for the default model (needs both model parts)
+#   bash benchmarks/h200.sh gpu-tests  tests/test_gpu.py
+# Set-up here first (git-excluded, never committed): the gguf wheel the device lacks,
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 -d .whl gguf==0.19.0
+# and the default model in two parts under the carry limit (device_env.sh says how). A call carries .whl and one of
+# .devmodel/a, .devmodel/b (part a in an earlier call on the same warm machine) and runs
+# `source benchmarks/device_env.sh; bash benchmarks/h200.sh STEP`.
+set -uo pipefail
+kt=(python3 -m kerneltriage)
+L="$OUT/ledger-h200.db"
+step() { local limit=$1; shift; local s=$SECONDS; timeout "$limit" "$@"; echo "[$? in $((SECONDS - s)) s] $*" | cut -c1-160 >&2; }
+# Every lever alone against stock, then the best set; pp512 + tg16 and 16 pairs: triage's own lever settings on CUDA
+# (the 2026-11-30 tables ran 8 pairs: benchmarks/results/).
+# Triage's own levers first (its recommendations are compared with these rows), then the rest.
+TABLE="levers=graphs|levers=last_logits|levers=one_sync|levers=packed_qkv|levers=packed_gate_up|levers=compile=default"
+TABLE+="|levers=fused_norm|levers=sdpa_backend=flash|levers=sdpa_backend=efficient|levers=sdpa_fold|levers=flex_decode"
+TABLE+="|levers=packed_qkv,packed_gate_up,last_logits,fused_norm,compile=default,graphs"
+TRIAGED="levers=graphs|levers=last_logits|levers=one_sync|levers=packed_qkv|levers=packed_gate_up"
+TRIAGED+="|levers=packed_qkv,packed_gate_up,last_logits,fused_norm,compile=default,graphs"
+table() {  # model, folder[, candidates]
+  step 560 python3 benchmarks/ab_levers.py --model "$1" --out "$OUT/$2" -p 512 -n 16 -r 16 --ledger "$L" \
+    --candidates "${3:-$TABLE}"
+}
+triage() {  # model, name
+  step 560 "${kt[@]}" triage --model "$1" --output json --html "$OUT/triage-$2-h200.html" --ledger "$L" \
+    > "$OUT/triage-$2-h200.json"
+}
+case "${1:-}" in
+  smoke) step 300 python3 -m pytest -q -x tests/test_gpu_smoke.py ;;
+  8b) table llama3-8b ab-llama3-8b; triage llama3-8b llama3-8b ;;
+  8b-table) table llama3-8b ab-llama3-8b ;;
+  8b-triaged) table llama3-8b ab-llama3-8b "$TRIAGED" ;;
+  8b-triage) triage llama3-8b llama3-8b ;;
+  default) table default ab-default; triage default default ;;
+  default-table) table default ab-default ;;
+  default-triaged) table default ab-default "$TRIAGED"; triage default default ;;
+  default-triage) triage default default ;;
+  gpu-tests) step 560 python3 -m pytest -q tests/test_gpu.py ;;
+  *) echo "usage: bash benchmarks/h200.sh smoke|8b|8b-table|8b-triage|default|default-table|default-triage|gpu-tests" >&2
+     exit 2 ;;
+esac
+tar czf "$OUT/$1.tgz" -C "$OUT" $(cd "$OUT" && ls -d ab-* triage-* ledger-h200.db 2>/dev/null) 2>/dev/null

@@ -1,0 +1,122 @@
+"""Planted faults that correctness and proof of execution must catch: a 3% logit error on the real default model
+in bf16, a wrong token only after a graph window (position 256), a lever counted at capture but never replayed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_checkpoint, tiny_runner
+from kerneltriage.backends.torch import accelerate, levers
+from kerneltriage.backends.torch.backend import BACKEND
+from kerneltriage.bench import equivalence
+from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.engine.generation import generate_step
+from kerneltriage.engine.sampling import SamplingParams
+
+GREEDY = SamplingParams()
+
+
+class _FakeGraph:
+    """Stands in for a CUDA graph on the CPU: a replay re-runs the kernels, never the Python that captured them."""
+
+    def replay(self) -> None:
+        pass
+
+
+def fake_capture(fn, warmups: int):  # noqa: ANN001, ANN201 - the signature of cudagraph.capture
+    for _ in range(warmups):
+        fn()
+    return _FakeGraph(), fn()
+
+
+def _graphed(levers: str = ""):  # noqa: ANN202
+    runner = tiny_runner("llama", levers)
+    accelerate.graphs(runner, capture_fn=fake_capture)  # CPU: graphs' bookkeeping with a fake capture
+    return runner
+
+
+def test_counters_under_graphs_count_replays_not_captures() -> None:
+    runner = _graphed("fused_norm")
+    tokens = list(generate_step(runner, list(range(1, 9)), GREEDY, 12))
+    steps = len(tokens) - 1  # the first token comes from the prefill
+    norms_per_step = 2 * runner.config.num_layers + 1
+    assert runner.counters["graphs"] == steps
+    assert runner.counters["fused_norm"] == steps * norms_per_step + (2 * 2 + 1)  # + the one eager prefill
+
+
+def test_a_lever_counted_at_capture_only_stays_at_zero() -> None:
+    runner = tiny_runner("llama")
+    stock, seen = runner.decode_step, []
+
+    def capture_only(model, tokens, start):  # noqa: ANN001, ANN202 - planted: counts in warm-ups, not when captured
+        seen.append(start)
+        if len(seen) <= accelerate.GRAPH_WARMUPS:
+            runner.counters["one_sync"] += 1
+        return stock(model, tokens, start)
+
+    runner.decode_step = capture_only
+    accelerate.graphs(runner, capture_fn=fake_capture)
+    list(generate_step(runner, list(range(1, 9)), GREEDY, 12))
+    assert len(seen) == accelerate.GRAPH_WARMUPS + 1  # ran in the warm-ups and the capture only
+    assert runner.counters["one_sync"] == 0 and runner.counters["graphs"] == 11
+
+
+def _planted_after(runner, position: int) -> None:  # noqa: ANN001 - a decode step wrong from `position` on
+    stock = runner.decode_step
+    bias = torch.zeros(runner.config.vocab_size)
+    bias[7] = 1e3  # token 7 wins every step from there
+
+    def wrong_late(model, tokens, start):  # noqa: ANN001, ANN202
+        logits = stock(model, tokens, start)
+        return logits + bias if start >= position else logits
+
+    runner.decode_step = wrong_late
+
+
+@pytest.mark.parametrize("lever", ["one_sync", "fused_norm,one_sync"])  # an exact lever, and a reordering one
+def test_a_wrong_token_after_the_graph_window_is_caught(lever: str) -> None:
+    checkpoint = tiny_checkpoint("llama", max_context=512)
+    a = BACKEND.build(checkpoint, RunConfig(), "cpu", "float32")
+    b = BACKEND.build(checkpoint, RunConfig.from_flags(lever), "cpu", "float32")
+    _planted_after(b, accelerate.GRAPH_WINDOW + 4)
+    caught = equivalence.check_outputs(BACKEND, a, b)
+    assert caught.tokens == equivalence.WINDOW_TOKENS and not caught.passed
+    control = BACKEND.build(checkpoint, RunConfig.from_flags(lever), "cpu", "float32")
+    assert equivalence.check_outputs(BACKEND, a, control).passed
+
+
+def test_the_window_length_is_what_catches_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    checkpoint = tiny_checkpoint("llama", max_context=512)
+    a = BACKEND.build(checkpoint, RunConfig(), "cpu", "float32")
+    b = BACKEND.build(checkpoint, RunConfig.from_flags("one_sync"), "cpu", "float32")
+    _planted_after(b, accelerate.GRAPH_WINDOW + 4)
+    monkeypatch.setattr(equivalence, "WINDOW_TOKENS", equivalence.DIGEST_TOKENS)  # the old 32-token check …
+    assert equivalence.check_outputs(BACKEND, a, b).passed  # … passes the fault
+
+
+@pytest.fixture(scope="module")
+def bf16_default(default_checkpoint):  # noqa: ANN001, ANN201 - the real default model in bf16, loaded once
+    return BACKEND.build(default_checkpoint, RunConfig(), "cpu", "bfloat16")
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize(("scale", "passes"), [(1.0, True), (1.03, False)])
+def test_a_three_percent_logit_error_fails_on_the_real_model_in_bf16(
+        bf16_default, monkeypatch: pytest.MonkeyPatch, scale: float, passes: bool) -> None:  # noqa: ANN001
+    monkeypatch.setattr(equivalence, "DIGEST_PROMPTS", 1)  # one prompt of 16 tokens, 8 positions: bf16 is slow here
+    monkeypatch.setattr(equivalence, "DIGEST_TOKENS", 8)
+    stock_fused_norm = levers.APPLIERS["fused_norm"]
+
+    def planted(runner, value):  # noqa: ANN001, ANN202 - a reordering lever whose code is off by `scale`
+        stock_fused_norm(runner, value)
+        logits = runner.model.logits
+        runner.model.logits = lambda hidden: logits(hidden) * scale
+
+    monkeypatch.setitem(levers.APPLIERS, "fused_norm", planted)
+    a = bf16_default
+    b = BACKEND.copy(a, RunConfig.from_flags("fused_norm"))  # a stock copy of the weights, the lever applied
+    result = equivalence.check_outputs(BACKEND, a, b)
+    assert result.reference == "float32" and result.error_a > 1e-2  # bf16's own error: as large as the fault
+    assert result.passed is passes, result.detail
+    assert (result.semantic_error > 0.5 * (scale - 1)) if scale != 1.0 else result.semantic_error < 1e-4
