@@ -61,16 +61,13 @@ def _seconds(text: str) -> float:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `ab` to the top-level subcommands."""
-    from kerneltriage.cli.common import LEVERS_HELP
+    from kerneltriage.cli.common import LEVERS_HELP, add_engine_arguments
 
     parser = subparsers.add_parser(
         "ab", help="honest A/B of two configurations: A/A noise, paired runs, checklist, verdict",
         description=__doc__, epilog=EPILOG + "\n\n" + LEVERS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_engine_arguments(parser)
     add = parser.add_argument
-    add("--model", default="default", help="default | preset | FILE.gguf | HF folder (default: %(default)s)")
-    add("--backend", default="auto", help="auto | torch (default: auto = torch)")
-    add("--device", default="auto", help="auto | cuda | cuda:N | cpu (default: auto = cuda if visible)")
-    add("--dtype", default="auto", help="auto (bf16 on cuda, float32 on cpu) | float32 | bf16 | fp16")
     add("--a", default="levers=", help="baseline configuration (default: 'levers=': stock)")
     add("--b", required=True, help="candidate configuration, e.g. 'levers=graphs,one_sync'")
     add("-p", "--n-prompt", dest="prompt", type=_whole(0), default=512, help="prefill tokens (default: 512; 0 skips)")

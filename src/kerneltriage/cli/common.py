@@ -15,13 +15,19 @@ from kerneltriage.engine.levers import help_table
 LEVERS_HELP = "levers (--levers a,b; each applied from outside the model):\n" + help_table()
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """--model/--backend/--device/--dtype/--levers/--spec/--spec-depth, shared by every command that runs the engine."""
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model/--backend/--device/--dtype: which weights, run where and how."""
     add = parser.add_argument
     add("--model", default="default", help="default | preset | FILE.gguf | HF folder (default: %(default)s)")
     add("--backend", default="auto", help="auto | torch (default: auto = torch; mlx arrives with its backend)")
     add("--device", default="auto", help="auto | cuda | cuda:N | cpu (default: auto = cuda if visible)")
     add("--dtype", default="auto", help="auto (bf16 on cuda, float32 on cpu) | float32 | bf16 | fp16")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine flags plus --levers/--spec/--spec-depth, shared by every command that runs one configuration."""
+    add_engine_arguments(parser)
+    add = parser.add_argument
     add("--levers", default="", help="comma-separated levers to switch on (listed below), e.g. last_logits,graphs")
     add("--spec", default=None, help="speculative decoding: ngram[:N] | selfdraft[:L] | draft:MODEL")
     add("--spec-depth", default=None, help="draft tokens per step: 1..16 or auto (default: auto)")
