@@ -284,3 +284,28 @@ def test_cli_bad_input_exits_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, 
     assert _cli(monkeypatch, *argv, "--ledger", str(tmp_path / "ledger.db")) == 2
     err = capsys.readouterr().err
     assert expected in err and len(err.strip().splitlines()) == 1
+
+
+def test_prompts_file_drives_the_decode_samples_and_speculation_is_judged_on_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prompts = tmp_path / "copy.jsonl"
+    repeated = "abc abd abc abd abc abd abc "  # prompt lookup finds continuations here, never in random tokens
+    prompts.write_text("\n".join(json.dumps({"prompt": repeated * k}) for k in (1, 2)) + "\n")
+    assert _cli(monkeypatch, "--b", "levers=;spec=ngram;depth=3", "--prompts", str(prompts), "--no-chat",
+                "-r", "5", "--output", "json", "--ledger", str(tmp_path / "ledger.db")) == 0
+    result = json.loads(capsys.readouterr().out)
+    decode = next(p for p in result["phases"] if p["phase"] == "decode")
+    assert decode["test"] == "tg4 × 2 prompts (copy)"
+    assert result["counters"]["B"]["spec"] > 0  # the drafts came from the prompts
+    assert result["correctness"]["passed"] and result["correctness"]["timed"] is None
+
+
+@pytest.mark.parametrize(("content", "expected"), [("not json\n", "JSON-lines"), ('{"text": "x"}\n', "JSON-lines"),
+                                                   ("", "at least one prompt")])
+def test_a_bad_prompts_file_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str], content: str, expected: str) -> None:
+    prompts = tmp_path / "bad.jsonl"
+    prompts.write_text(content)
+    assert _cli(monkeypatch, "--b", "levers=last_logits", "--prompts", str(prompts),
+                "--ledger", str(tmp_path / "ledger.db")) == 2
+    assert expected in capsys.readouterr().err
