@@ -180,7 +180,10 @@ class FakeBackend:
     name = "fake"
 
     def __init__(self, effects: dict[str, Effect] | None = None, noise: float = 0.02, seed: int = 0,
-                 noise_by_runner: dict[int, float] | None = None) -> None:
+                 noise_by_runner: dict[int, float] | None = None, classes: dict[str, float] | None = None,
+                 kernel: tuple[list, list] = ([], [])) -> None:
+        self.classes = classes or {"q_proj": 0.2, "attention": 0.2, "norms": 0.1}  # op class → share of a step
+        self.kernel_records = kernel  # (KernelChecks, KernelTimings) the kernel probes answer
         self.clock = FakeClock()
         self.effects = effects or {}
         self.noise, self.rng = noise, random.Random(seed)
@@ -222,8 +225,14 @@ class FakeBackend:
 
     def profile(self, runner: FakeRunner, phase: str, prefix: Sequence[int], tokens: Any) -> PhaseProfile:
         step = runner.prefill_seconds * len(tokens) if phase == "prefill" else runner.decode_seconds
-        classes = {"q_proj": 0.2 * step, "attention": 0.2 * step, "norms": 0.1 * step}
-        return PhaseProfile(phase, 1, 1, classes, 0.5 * step, 10.0, 10.0, 0.0, 0.0, step)
+        classes = {name: share * step for name, share in self.classes.items()}
+        return PhaseProfile(phase, 1, 1, classes, sum(classes.values()), 10.0, 10.0, 0.0, 0.0, step)
+
+    def kernel_check(self, runner: FakeRunner, ref: str, rows: Sequence[int], depths: Sequence[int]) -> list:
+        return self.kernel_records[0]
+
+    def kernel_time(self, runner: FakeRunner, ref: str, rows: int, depth: int) -> list:
+        return self.kernel_records[1]
 
     def host_issue_seconds(self, runner: FakeRunner, prefix: Sequence[int], steps: int) -> None:
         return None

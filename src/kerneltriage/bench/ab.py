@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from kerneltriage.bench.equivalence import (DIGEST_PROMPT_TOKENS, DIGEST_PROMPTS, DIGEST_TOKENS, Correctness,
-                                            check_outputs, check_timed)
+from kerneltriage.bench.ab_report import Report, checklist, describe
+from kerneltriage.bench.equivalence import Correctness, check_outputs, check_timed
 from kerneltriage.bench.harness import Sample, decode_sample, prefill_sample, prompts_sample
-from kerneltriage.bench.workloads import WORKLOAD_SEED, PromptSet, Test, check_fits, expand, tokens_for
+from kerneltriage.bench.workloads import PromptSet, Test, check_fits, expand, tokens_for
 from kerneltriage.core import stats, verdict
 from kerneltriage.core.environment import take_snapshot
 from kerneltriage.core.errors import InputError
@@ -189,42 +189,6 @@ def _windows(m: Measurement) -> tuple[float, float]:
     return m.spec.units_per_sample * k / sum(first), m.spec.units_per_sample * k / sum(last)
 
 
-@dataclass
-class Report:
-    """Everything an A/B found: config, correctness, counters, phases, sustained window, checklist, verdict."""
-
-    config: dict[str, Any]
-    correctness: Correctness
-    counters: dict[str, dict[str, int]]
-    silent: list[str]
-    phases: list[Phase]
-    sustained: list[Measurement] = field(default_factory=list)
-    windows: dict[str, tuple[float, float]] = field(default_factory=dict)
-    checklist: tuple[verdict.ChecklistItem, ...] = ()
-    verdict: verdict.Verdict | None = None
-    contention: str | None = None
-
-    @property
-    def measurements(self) -> list[Measurement]:
-        return [m for p in self.phases for m in (*p.aa, *p.ab)] + self.sustained
-
-    def phase(self, name: str) -> Phase | None:
-        return next((p for p in self.phases if p.test.phase == name), None)
-
-    def summary(self) -> dict[str, Any]:
-        """The JSON-ready result (raw samples are in `measurements`)."""
-        c = self.correctness
-        return {"verdict": self.verdict.verdict, "reason": self.verdict.reason,
-                "phases": [p.to_dict() for p in self.phases],
-                "correctness": {"passed": c.passed, "detail": c.detail, "digest_a": c.digest_a,
-                                "digest_b": c.digest_b, "tokens": c.tokens, "logit_error": c.logit_error,
-                                "reference": c.reference, "error_a": c.error_a, "tolerance": c.tolerance,
-                                "seams": {s: list(e) for s, e in c.seams.items()}, "timed": c.timed},
-                "counters": self.counters, "silent_levers": self.silent, "contention": self.contention,
-                "sustained": {label: {"first_tok_s": f, "last_tok_s": la} for label, (f, la) in self.windows.items()},
-                "checklist": [item.to_dict() for item in self.checklist]}
-
-
 def build_runners(backend: Backend, checkpoint: Checkpoint, a: RunConfig, b: RunConfig, device: str,
                   dtype: str) -> dict[str, Runner]:
     """A, A' and B, each with its own copy of the weights from the one checkpoint."""
@@ -262,11 +226,11 @@ def run_ab(backend: Backend, runners: Mapping[str, Runner], settings: Settings, 
     counters = {name: {key: n - before[name][key] for key, n in c.items()} for name, c in _executions(runners).items()}
     correctness = _with_timed(backend, a, b, correctness, phases, settings)
     sustained, windows = sustain(runners, settings, progress) if settings.sustain else ([], {})
-    report = Report(_config(runners, settings), correctness, counters,
+    report = Report(describe(runners, settings), correctness, counters,
                     sorted({key for c in counters.values() for key, n in c.items() if n == 0}),
                     phases, sustained, windows)
     report.contention = verdict.band_contention({p.test.phase: p.band for p in phases})
-    report.checklist = _checklist(report, a.run_config, b.run_config, baseline_evidence)
+    report.checklist = checklist(report, a.run_config, b.run_config, baseline_evidence)
     report.verdict = verdict.overall_verdict(
         {p.test.phase: p.verdict for p in phases}, correctness.passed, report.silent, correctness.detail,
         slower_phases=[p.test.phase for p in phases if p.slower], pairs=settings.pairs, contention=report.contention)
@@ -287,49 +251,3 @@ def _with_timed(backend: Backend, a: Runner, b: Runner, correctness: Correctness
         if timed is not None:
             return dataclasses.replace(correctness, timed=f"prompt {i}: {timed}" if settings.prompt_set else timed)
     return correctness
-
-
-def _checklist(report: Report, a: RunConfig, b: RunConfig, evidence: Mapping[str, str | None] | None
-               ) -> tuple[verdict.ChecklistItem, ...]:
-    snapshots = sorted((s for m in report.measurements for s in (m.start, m.end) if s is not None),
-                       key=lambda s: s.time)
-    first, last = (snapshots[0], snapshots[-1]) if snapshots else (None, None)
-    changed = {s.text: s.lever.question for s in b.levers if s.text not in a.lever_names}
-    if b.speculation is not None and b.speculation != a.speculation:
-        changed[f"spec {b.speculation.label}"] = "dispatch"
-    baseline = list(a.lever_names) + ([f"spec {a.speculation.label}"] if a.speculation else [])
-    return (verdict.synthetic_item(True, report.config["random_weights"]),
-            verdict.question_item(changed),
-            verdict.baseline_item(baseline, evidence),
-            verdict.phases_item([p.test.phase for p in report.phases]),
-            verdict.thermals_item(first, last, report.windows))
-
-
-def _config(runners: Mapping[str, Runner], settings: Settings) -> dict[str, Any]:
-    a, b = runners["A"], runners["B"]
-    return {"source": a.checkpoint.source, "model": a.config.name, "random_weights": a.config.random_weights,
-            "backend": a.backend, "device": str(a.device), "dtype": a.dtype,
-            "a": _side(a.run_config), "b": _side(b.run_config),
-            "tests": [settings.name(t) for t in settings.tests], "pairs": settings.pairs, "warmups": settings.warmups,
-            "sustain_s": settings.sustain, "seed": WORKLOAD_SEED,
-            "digest": {"prompts": DIGEST_PROMPTS, "prompt_tokens": DIGEST_PROMPT_TOKENS, "tokens": DIGEST_TOKENS},
-            "noise_band_rule": f"A/A CI bound farthest from 1, at least {verdict.MIN_NOISE_BAND}",
-            "pair_order": "alternating (A B, B A, …)", "ratio": "median of per-pair ratios, order-statistic CI"}
-
-
-def _side(config: RunConfig) -> dict[str, Any]:
-    return {"text": config.text, "label": config.label, "levers": list(config.lever_names),
-            "spec": config.speculation.label if config.speculation else None}
-
-
-def record(report: Report, ledger: Any, environment: Mapping[str, Any]) -> int:
-    """Store the whole A/B as one ledger experiment (all samples, config, verdict, checklist as findings)."""
-    a, b = report.config["a"]["label"], report.config["b"]["label"]
-    label = f"{report.config['model'] or report.config['source']}: A {a} vs B {b}"
-    with ledger.experiment("ab", report.config, environment, label=label) as exp:
-        for m in report.measurements:
-            exp.add_measurement(m)
-        for item in report.checklist:
-            exp.add_finding("checklist", item.point, item.answer, {"status": item.status})
-        exp.set_verdict(report.verdict.verdict, report.summary())
-    return exp.id

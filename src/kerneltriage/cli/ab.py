@@ -85,7 +85,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Parse → load → check, measure, judge → record → render."""
-    from kerneltriage.bench.ab import Settings, build_runners, record, run_ab
+    from kerneltriage.bench.ab import Settings, build_runners, run_ab
+    from kerneltriage.bench.ab_report import record
     from kerneltriage.bench.workloads import check_fits, load_prompt_set
     from kerneltriage.core.environment import capture_environment
     from kerneltriage.core.errors import InputError

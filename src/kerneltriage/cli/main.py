@@ -9,7 +9,7 @@ from typing import Sequence
 from kerneltriage.core.errors import InputError
 
 # Each subcommand module exposes `register(subparsers)`, which adds its parser and sets `func`.
-SUBCOMMANDS = ("generate", "models", "ledger", "bench", "ceilings", "ab", "triage")
+SUBCOMMANDS = ("generate", "models", "ledger", "bench", "ceilings", "ab", "triage", "kernel")
 
 
 class _Parser(argparse.ArgumentParser):

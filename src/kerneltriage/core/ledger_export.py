@@ -93,9 +93,32 @@ def measurement_cells(m: Measurement) -> tuple[str, ...]:
     return (m.spec.label, m.spec.phase, str(m.n), median, iqr, rate, per_unit, warnings)
 
 
+KERNEL_COLUMNS = ("#", "kernel", "seam", "correctness", "isolation chained", "isolation queued", "prefill e2e",
+                  "decode e2e", "verdict")
+
+
+def _ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}×"
+
+
+def kernel_ledger(records: Sequence[ExperimentRecord]) -> list[str]:
+    """The kernel ledger: one row per `kernel` experiment — wins, losses, neutral, no-lever and invalid alike."""
+    kernels = [r for r in records if r.kind == "kernel" and r.summary]
+    if not kernels:
+        return []
+    lines = ["## Kernel ledger", "", _md_row(KERNEL_COLUMNS), "|---" * len(KERNEL_COLUMNS) + "|"]
+    for r in kernels:
+        s, lanes = r.summary, r.summary.get("isolation", {})
+        lines.append(_md_row((r.id, f"`{s['kernel']}`", s["seam"], s["correctness"], _ratio(lanes.get("chained")),
+                              _ratio(lanes.get("queued")), _ratio(s.get("prefill")), _ratio(s.get("decode")),
+                              r.verdict or "checked only")))
+    return lines + [""]
+
+
 def to_markdown(records: Sequence[ExperimentRecord]) -> str:
-    """A human-readable report: one section per experiment, a table of its measurements, its findings."""
-    lines = ["# kerneltriage ledger", ""]
+    """A human-readable report: the kernel ledger first, then one section per experiment, a table of its
+    measurements, its findings."""
+    lines = ["# kerneltriage ledger", ""] + kernel_ledger(records)
     if not records:
         lines += ["No experiments recorded.", ""]
     for record in records:

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from kerneltriage.engine.checkpoint import Checkpoint
     from kerneltriage.engine.config import ModelConfig
     from kerneltriage.engine.configuration import RunConfig
-    from kerneltriage.engine.probes import Census, GateRow, PhaseProfile, SdpaCall, Sparsity, SweepCurve
+    from kerneltriage.engine.probes import (GateRow, KernelCheck, KernelTiming, PhaseProfile, SdpaCall, Sparsity,
+                                            SweepCurve)
     from kerneltriage.engine.sampling import SamplingParams
     from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
 
@@ -165,13 +166,24 @@ class Backend(Protocol):
 
     def host_issue_seconds(self, runner: Runner, prefix: Sequence[int], steps: int) -> float | None: ...
 
-    def census(self, runner: Runner, phase: str, prefix: Sequence[int], tokens: Sequence[int] | int) -> "Census": ...
+    def census(self, runner: Runner, phase: str, prefix: Sequence[int], tokens: Sequence[int] | int
+               ) -> dict[str, Any]:
+        """Per token (decode) or per prefill: ops, host readbacks with their call sites, casts, strided copies,
+        ops left on the CPU."""
 
     def attention_gates(self, phase: str, call: "SdpaCall", calls_per_pass: float, device: str) -> "GateRow": ...
 
     def sweep_projections(self, runner: Runner, rows: tuple[int, ...] | None) -> list["SweepCurve"]: ...
 
     def attention_sparsity(self, runner: Runner) -> "Sparsity": ...
+
+    def kernel_check(self, runner: Runner, ref: str, rows: Sequence[int], depths: Sequence[int]
+                     ) -> list["KernelCheck"]:
+        """The custom kernel `ref` against the stock op at its seam, at the runner's model's shapes: one record per
+        (row count, cache depth, input shape)."""
+
+    def kernel_time(self, runner: Runner, ref: str, rows: int, depth: int) -> list["KernelTiming"]:
+        """Seconds per call of the kernel and of the stock op in isolation, per lane (chained, queued)."""
 
 
 def get_backend(name: str = "auto") -> Backend:

@@ -1,8 +1,10 @@
 """What a custom kernel module exports, and how `kernel=REF` finds it (`FILE.py:NAME` or `pkg.module:NAME`).
 
-A kernel replaces the stock op at one named seam of the model (engine/levers.py: SEAMS), with the stock op's
-signature at that seam (the backend documents each). `exact` claims bit-for-bit equality with stock: the
-correctness check then demands equal outputs instead of a tolerance.
+A kernel replaces the stock op at one named seam of the model (engine/levers.py: SEAMS). It is called with the
+stock op's inputs and an output buffer to write every element of, `fn(*inputs, out=out)` (the check poisons `out`
+before each call: an element left unwritten is caught). `exact` claims bit-for-bit equality with stock: the
+correctness check then demands equal outputs instead of a tolerance. The inputs at each wired seam (`SEAM_INPUTS`):
+shapes are (B, T, ·) for activations, the model's own for weights.
 """
 
 from __future__ import annotations
@@ -15,6 +17,17 @@ from typing import Any, Callable
 
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.levers import SEAMS
+
+
+SEAM_INPUTS: dict[str, tuple[str, ...]] = {
+    "norm": ("x (B, T, D)", "weight (D,)", "eps (float)"),  # RMSNorm: x / rms(x) · weight, normalised in float32
+    "gate_up": ("x (B, T, H)", "w_gate (I, H)", "w_up (I, H)"),  # SiLU(x w_gateᵀ) · (x w_upᵀ): (B, T, I)
+    "attn.decode": ("q (B, Hq, T, D)", "k (B, Hkv, S, D)", "v (B, Hkv, S, D)", "mask (T, S) bool or None"),
+    "attn.prefill": ("q (B, Hq, T, D)", "k (B, Hkv, S, D)", "v (B, Hkv, S, D)", "mask (T, S) bool or None"),
+    "lm_head": ("hidden (T, H)", "weight (V, H)"),  # hidden · weightᵀ: (T, V)
+    "linear.gemv": ("x (T, K)", "weight (N, K)"),  # every projection called with at most GEMV_ROWS rows
+}
+GEMV_ROWS = 16  # linear.gemv: calls with this many rows or fewer (decode and verify); larger ones stay stock
 
 
 @dataclass(frozen=True)

@@ -118,3 +118,48 @@ class Sparsity:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class KernelCheck:
+    """A custom kernel against the stock op in float32 at one shape: its error, the stock op's own error in the run
+    dtype (the bound is a multiple of it), output elements it left unwritten, and exactness where it claims it."""
+
+    seam: str
+    rows: int
+    depth: int
+    shape: str
+    error: float  # max |kernel − reference| / max |reference|, worst over the trials
+    stock_error: float
+    tolerance: float
+    unwritten: int
+    exact: bool | None = None  # claimed exact: equal to the stock op in the run dtype (None: not claimed)
+
+    @property
+    def passed(self) -> bool:
+        return self.unwritten == 0 and self.error <= self.tolerance and self.exact is not False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"passed": self.passed}
+
+
+@dataclass(frozen=True)
+class KernelTiming:
+    """Seconds per call of a kernel and of the stock op at one shape, in one lane: "chained" (serial calls, each
+    waiting for the last, like a decode step; CUDA: replayed from a graph) or "queued" (many in flight)."""
+
+    seam: str
+    rows: int
+    depth: int
+    lane: str
+    kernel_seconds: float
+    stock_seconds: float
+    timer: str
+
+    @property
+    def ratio(self) -> float:
+        """Stock time / kernel time: > 1, the kernel is faster in isolation."""
+        return self.stock_seconds / self.kernel_seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"ratio": self.ratio}

@@ -14,9 +14,11 @@ from kerneltriage.engine.levers import LeverSetting
 from kerneltriage.engine.probes import GateRow
 from kerneltriage.triage.breakdown import Breakdown
 
-SEAM_CLASSES = {"norm": ("norms",), "qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj"),
-                "attn.decode": ("attention",), "attn.prefill": ("attention",), "lm_head": ("output projection",),
-                "o_proj": ("o_proj",), "down": ("down_proj",)}
+SEAM_CLASSES = {"norm": ("norms",), "qkv": ("q_proj", "k_proj", "v_proj"),
+                "gate_up": ("gate_proj", "up_proj", "activation"), "attn.decode": ("attention",),
+                "attn.prefill": ("attention",), "lm_head": ("output projection",), "o_proj": ("o_proj",),
+                "down": ("down_proj",), "linear.gemv": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                         "up_proj", "down_proj", "output projection")}
 
 
 def lever_shares(setting: LeverSetting, breakdowns: Mapping[str, Breakdown]) -> dict[str, float]:
@@ -30,6 +32,16 @@ def lever_shares(setting: LeverSetting, breakdowns: Mapping[str, Breakdown]) -> 
             ops = sum(breakdown.shares.get(cls, 0.0) for cls in classes)
             shares[phase] = min(1.0, ops + breakdown.gap_share)
     return shares
+
+
+def seam_shares(seam: str, breakdowns: Mapping[str, Breakdown]) -> dict[str, float]:
+    """phase → the share of that phase spent in the op classes of `seam`: what a custom kernel there replaces (its
+    device work only: a kernel does not issue fewer ops)."""
+    classes = SEAM_CLASSES.get(seam, ())
+    phases = {"attn.decode": ("decode",), "attn.prefill": ("prefill",), "linear.gemv": ("decode",)}.get(
+        seam, tuple(breakdowns))
+    return {phase: sum(b.shares.get(cls, 0.0) for cls in classes) if phase in phases else 0.0
+            for phase, b in breakdowns.items()}
 
 
 def baseline_evidence(gates: Sequence[GateRow]) -> dict[str, str | None]:

@@ -12,7 +12,8 @@ from kerneltriage.backends.torch.levers import apply_config
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.configuration import RunConfig
-from kerneltriage.engine.probes import GateRow, PhaseProfile, SdpaCall, Sparsity, SweepCurve
+from kerneltriage.engine.probes import (GateRow, KernelCheck, KernelTiming, PhaseProfile, SdpaCall, Sparsity,
+                                        SweepCurve)
 
 
 def build_runner(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Runner:
@@ -96,6 +97,19 @@ class TorchBackend:
         from kerneltriage.backends.torch import msweep
 
         return msweep.m_sweep(runner.model, runner.device, rows)
+
+    def kernel_check(self, runner: Runner, ref: str, rows: Sequence[int], depths: Sequence[int]
+                     ) -> list[KernelCheck]:
+        from kerneltriage.backends.torch import kernel_check
+        from kerneltriage.engine.kernels import load_kernel
+
+        return kernel_check.check(runner.model, load_kernel(ref), rows, depths)
+
+    def kernel_time(self, runner: Runner, ref: str, rows: int, depth: int) -> list[KernelTiming]:
+        from kerneltriage.backends.torch import kernel_check
+        from kerneltriage.engine.kernels import load_kernel
+
+        return kernel_check.time_lanes(runner.model, load_kernel(ref), rows, depth)
 
     def attention_sparsity(self, runner: Runner) -> Sparsity:
         from kerneltriage.backends.torch.sparsity import attention_sparsity, passage_tokens

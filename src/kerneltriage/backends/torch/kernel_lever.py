@@ -1,35 +1,48 @@
-"""The `kernel=REF` lever on torch: a custom kernel installed at the seam it declares, counting its calls.
-
-Signatures at each wired seam (the stock op's, so the stock function is a valid kernel):
-- `norm`: fn(x (..., D), weight (D,), eps) → (..., D)
-- `attn.decode`: fn(q (B,H,T,D), k (B,Hkv,S,D), v (B,Hkv,S,D), mask (T, S) bool or None) → (B,H,T,D), for
-  decode steps (T = 1) and verifies under a static cache (T ≤ 16); `attn.prefill` the same for the other calls
-- `lm_head`: fn(hidden (..., hidden), weight (V, hidden)) → (..., V)
-"""
+"""The `kernel=REF` lever on torch: a custom kernel installed at the seam it declares, called with the stock op's
+inputs and an output buffer (`engine/kernels.py` SEAM_INPUTS), counting its calls (per replay under graphs)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
+from torch import nn
 
-from kerneltriage.backends.torch import counting
-from kerneltriage.backends.torch.models.llama import SDPA, RMSNorm
+from kerneltriage.backends.torch import counting, kernel_ops
+from kerneltriage.backends.torch.models.llama import MLP, SDPA, RMSNorm
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
-from kerneltriage.engine.kernels import Kernel, load_kernel
+from kerneltriage.engine.kernels import GEMV_ROWS, Kernel, load_kernel
 
 DECODE_ROWS = 16  # query rows up to which a masked call is a decode-path call (a verify), as in flex_decode
 
 
-def _norm(runner: Runner, kernel: Kernel, lever: str) -> None:
+def _call(runner: Runner, lever: str, kernel: Kernel, seam: str) -> Callable[..., torch.Tensor]:
+    """The kernel as the model calls it: an output buffer allocated, the call counted."""
+
+    def call(*args: Any) -> torch.Tensor:
+        counting.ran(runner, lever)
+        out = kernel_ops.output(seam, args, poison=False)
+        kernel.fn(*args, out=out)
+        return out
+
+    return call
+
+
+def _norm(runner: Runner, call: Callable) -> None:
     for module in runner.model.modules():
         if isinstance(module, RMSNorm):
-            module.forward = lambda x, m=module: _counted(runner, lever, kernel.fn)(x, m.weight, m.eps)
+            module.forward = lambda x, m=module: call(x, m.weight, m.eps)
 
 
-def _attention(runner: Runner, kernel: Kernel, lever: str) -> None:
-    inner, decode = runner.model.attention, kernel.seam == "attn.decode"
+def _gate_up(runner: Runner, call: Callable) -> None:
+    for module in runner.model.modules():
+        if isinstance(module, MLP):
+            module.act = lambda x, m=module: call(x, m.gate_proj.weight, m.up_proj.weight)
+
+
+def _attention(runner: Runner, call: Callable, decode: bool) -> None:
+    inner = runner.model.attention
 
     def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: Any, sdpa: Any = SDPA) -> torch.Tensor:
         rows = q.shape[2]
@@ -37,34 +50,37 @@ def _attention(runner: Runner, kernel: Kernel, lever: str) -> None:
             return inner(q, k, v, pos, sdpa=sdpa)
         mask = pos.mask
         if mask is None and rows > 1:  # eager rows after `start` cached positions (0 for a fresh prompt)
-            mask = _causal_block(rows, k.shape[2], pos.start, q.device)
-        return _counted(runner, lever, kernel.fn)(q, k, v, mask)
+            mask = kernel_ops.causal(rows, k.shape[2], q.device)
+        return call(q, k, v, mask)
 
     runner.model.attention = attention
 
 
-def _causal_block(rows: int, keys: int, start: int, device: torch.device) -> torch.Tensor:
-    """(T, S) bool: query i sees keys ≤ start + i."""
-    return torch.arange(keys, device=device).unsqueeze(0) <= (torch.arange(rows, device=device).unsqueeze(1) + start)
-
-
-def _lm_head(runner: Runner, kernel: Kernel, lever: str) -> None:
+def _lm_head(runner: Runner, call: Callable) -> None:
     model = runner.model
-    model.logits = lambda hidden: _counted(runner, lever, kernel.fn)(hidden, model.lm_head.weight)
+    model.logits = lambda hidden: call(hidden.reshape(-1, hidden.shape[-1]), model.lm_head.weight).view(
+        *hidden.shape[:-1], -1)
 
 
-def _counted(runner: Runner, lever: str, fn: Any) -> Any:
-    def call(*args: Any) -> Any:
-        counting.ran(runner, lever)
-        return fn(*args)
-
-    return call
+def _gemv(runner: Runner, call: Callable) -> None:
+    for module in runner.model.modules():
+        if isinstance(module, nn.Linear):
+            module.forward = lambda x, m=module, stock=module.forward: _gemv_forward(m, stock, call, x)
 
 
-WIRED = {"norm": _norm, "attn.decode": _attention, "attn.prefill": _attention, "lm_head": _lm_head}
+def _gemv_forward(module: nn.Linear, stock: Callable, call: Callable, x: torch.Tensor) -> torch.Tensor:
+    rows = x.shape[:-1].numel()
+    if rows > GEMV_ROWS:
+        return stock(x)
+    out = call(x.reshape(rows, x.shape[-1]), module.weight).view(*x.shape[:-1], -1)
+    return out if module.bias is None else out + module.bias
 
 
-def install(runner: Runner, ref: str | None) -> None:
+WIRED = {"norm": _norm, "gate_up": _gate_up, "attn.decode": lambda r, c: _attention(r, c, True),
+         "attn.prefill": lambda r, c: _attention(r, c, False), "lm_head": _lm_head, "linear.gemv": _gemv}
+
+
+def install(runner: Runner, ref: str | None) -> Kernel:
     """Load the kernel named by `ref` and put it at its seam; a seam not wired on torch is an InputError."""
     kernel = load_kernel(ref or "")
     if kernel.seam not in WIRED:
@@ -72,4 +88,5 @@ def install(runner: Runner, ref: str | None) -> None:
                          f"expected one of {', '.join(WIRED)}")
     if kernel.seam not in runner.model.SEAMS:
         raise InputError(f"kernel={ref}: a {runner.config.arch} model has no {kernel.seam} seam")
-    WIRED[kernel.seam](runner, kernel, f"kernel={ref}")
+    WIRED[kernel.seam](runner, _call(runner, f"kernel={ref}", kernel, kernel.seam))
+    return kernel

@@ -156,9 +156,13 @@ class MLP(nn.Module):
     def gate_up(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.gate_proj(x), self.up_proj(x)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def act(self, x: torch.Tensor) -> torch.Tensor:
+        """The `gate_up` seam: SiLU(x Wgᵀ) · (x Wuᵀ), (B, T, hidden) → (B, T, intermediate)."""
         gate, up = self.gate_up(x)
-        return self.down_proj(F.silu(gate) * up)
+        return F.silu(gate) * up
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(x))
 
 
 class TransformerBlock(nn.Module):
