@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import pytest
+import torch
 
 from kerneltriage.engine.checkpoint import Checkpoint, RawTensor
 from kerneltriage.engine.config import ModelConfig, RopeScaling
 
 ARCHS = ("llama", "qwen2", "qwen3")
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    # Triton kernels run in Triton's interpreter on a machine without CUDA: read when triton itself is first
+    # imported, so it is set here, before any test imports it (tests/test_kernels_triton.py).
+    os.environ["TRITON_INTERPRET"] = "1"
 
 
 @pytest.fixture(scope="session", autouse=True)
 def one_thread() -> Iterator[None]:
     """One intra-op thread for the whole run: on a 2-core machine shared with anything else a parallel region waits
     for a busy worker (tiny steps took 7× as long, the real model's reference 77 s instead of 4 s)."""
-    import torch
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
