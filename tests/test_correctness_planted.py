@@ -120,3 +120,44 @@ def test_a_three_percent_logit_error_fails_on_the_real_model_in_bf16(
     assert result.reference == "float32" and result.error_a > 1e-2  # bf16's own error: as large as the fault
     assert result.passed is passes, result.detail
     assert (result.semantic_error > 0.5 * (scale - 1)) if scale != 1.0 else result.semantic_error < 1e-4
+
+
+def _approximating(monkeypatch: pytest.MonkeyPatch, quality: str, keep: float):  # noqa: ANN202
+    """A planted lever that approximates: it drops the logits of the vocabulary's top `1 - keep` ids (a crude
+    vocabulary compaction), declaring `quality`."""
+    import dataclasses
+
+    from kerneltriage.engine import levers as table
+
+    lever = dataclasses.replace(table.LEVERS["last_logits"], name="compact_vocab", numerics="approximates",
+                                quality=quality, question="delete", stage="model", phases=("prefill", "decode"))
+
+    def apply(runner, value):  # noqa: ANN001, ANN202
+        logits, cut = runner.model.logits, int(runner.config.vocab_size * keep)
+
+        def compacted(hidden):  # noqa: ANN001, ANN202
+            runner.counters["compact_vocab"] += 1
+            out = logits(hidden).clone()
+            out[..., cut:] = -1e4
+            return out
+
+        runner.model.logits = compacted
+
+    monkeypatch.setitem(levers.APPLIERS, "compact_vocab", apply)
+    monkeypatch.setitem(table.LEVERS, "compact_vocab", lever)
+    monkeypatch.setitem(table.ORDER, "compact_vocab", len(table.ORDER))
+    return RunConfig((table.LeverSetting(lever),))
+
+
+@pytest.mark.parametrize(("keep", "passes"), [(1.0, True), (0.3, False)])
+def test_a_lever_that_approximates_is_judged_by_its_declared_metric(monkeypatch: pytest.MonkeyPatch, keep: float,
+                                                                    passes: bool) -> None:
+    config = _approximating(monkeypatch, "top1>=0.95", keep)
+    checkpoint = tiny_checkpoint("llama")
+    a = BACKEND.build(checkpoint, RunConfig(), "cpu", "float32")
+    b = BACKEND.build(checkpoint, config, "cpu", "float32")
+    result = equivalence.check_outputs(BACKEND, a, b)
+    assert list(result.quality) == ["top1>=0.95"] and result.logit_error is None  # no logit tolerance applied
+    assert result.passed is passes, result.detail
+    value = result.quality["top1>=0.95"][0]
+    assert value == 1.0 if keep == 1.0 else value < 0.95

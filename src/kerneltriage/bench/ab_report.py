@@ -47,7 +47,8 @@ class Report:
                 "correctness": {"passed": c.passed, "detail": c.detail, "digest_a": c.digest_a,
                                 "digest_b": c.digest_b, "tokens": c.tokens, "logit_error": c.logit_error,
                                 "reference": c.reference, "error_a": c.error_a, "tolerance": c.tolerance,
-                                "seams": {s: list(e) for s, e in c.seams.items()}, "timed": c.timed},
+                                "seams": {s: list(e) for s, e in c.seams.items()}, "timed": c.timed,
+                                "quality": {q: list(v) for q, v in c.quality.items()}},
                 "counters": self.counters, "silent_levers": self.silent, "contention": self.contention,
                 "sustained": {label: {"first_tok_s": f, "last_tok_s": la} for label, (f, la) in self.windows.items()},
                 "checklist": [item.to_dict() for item in self.checklist]}

@@ -16,6 +16,8 @@ arithmetic may differ, per-op checks at the model's real shapes, and the timed r
   accumulates in bf16 lands further).
 - Per-op checks: each seam a reordering lever replaces, against the stock op in float32 (backend.seam_errors),
   by the same factor.
+- A lever that approximates (numerics "approximates" in the lever table) is not held to any of that: it is judged
+  by the quality metric it declares (engine/quality.py), on teacher-forced logits against A.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from kerneltriage.bench.harness import GREEDY
 from kerneltriage.bench.workloads import WORKLOAD_SEED, token_stream
 from kerneltriage.engine.backend import Backend, Runner
 from kerneltriage.engine.generation import generate_step
+from kerneltriage.engine.quality import Quality
 
 DIGEST_PROMPTS = 2  # greedy digests: this many random prompts …
 DIGEST_PROMPT_TOKENS = 16  # … of this many tokens …
@@ -57,6 +60,7 @@ class Correctness:
     reference: str = "A"
     error_a: float | None = None
     semantic_error: float | None = None  # B's configuration in float32 against R (bf16/fp16 runs)
+    quality: dict[str, tuple[float, bool]] = field(default_factory=dict)  # declared metric → (value, holds)
     seams: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     timed: str | None = None
 
@@ -74,6 +78,8 @@ class Correctness:
 
     @property
     def passed(self) -> bool:
+        if self.quality:  # an approximating lever: its declared metric is the whole judgement of its outputs
+            return all(holds for _, holds in self.quality.values()) and self.timed is None
         return self.logits_pass and not self.seam_failures and self.timed is None
 
     @property
@@ -92,6 +98,10 @@ class Correctness:
         if self.seams:
             failed = self.seam_failures
             parts.append("per-op " + ("FAILED: " + "; ".join(failed) if failed else f"ok ({', '.join(self.seams)})"))
+        if self.quality:
+            parts = [parts[0].replace(" (equal digests required)", ""),
+                     "declared quality " + ", ".join(f"{name} = {value:.4g} ({'holds' if holds else 'FAILS'})"
+                                                     for name, (value, holds) in self.quality.items())]
         if self.timed is not None:
             parts.append(self.timed)
         return "; ".join(parts)
@@ -173,10 +183,24 @@ def seam_checks(backend: Backend, b: Runner) -> dict[str, tuple[float, float, fl
             for seam, (error_b, error_a) in backend.seam_errors(b).items()}
 
 
+def judge_quality(a: Runner, b: Runner, prompts: Sequence[Sequence[int]], count: int,
+                  fed: Sequence[Sequence[int]]) -> dict[str, tuple[float, bool]]:
+    """Each approximating lever's declared metric of B's teacher-forced logits against A's."""
+    declared = [Quality.parse(s.lever.quality) for s in b.run_config.levers if s.lever.numerics == "approximates"]
+    if not declared:
+        return {}
+    ref, rows = forced_rows(a, prompts, count, fed)[0], forced_rows(b, prompts, count, fed)[0]
+    return {q.text: (value, q.holds(value)) for q in declared for value in [q.measure(ref, rows)]}
+
+
 def check_outputs(backend: Backend, a: Runner, b: Runner) -> Correctness:
-    """Correctness before speed: digests, then logits where they may differ (or do), then the per-op checks."""
+    """Correctness before speed: digests, then logits where they may differ (or do), then the per-op checks — or,
+    for a lever that approximates, its declared quality metric."""
     prompts, count = digest_prompts(a, b)
     (digest_a, tokens_a), (digest_b, _) = token_digest(a, prompts, count), token_digest(b, prompts, count)
+    quality = judge_quality(a, b, prompts, count, tokens_a)
+    if quality:
+        return Correctness(digest_a, digest_b, count, quality=quality)
     seams = seam_checks(backend, b)
     # Equal tokens settle it, but where either side computes another arithmetic: then the logits must show it
     # stays close (equal greedy tokens can hide a small systematic error).
@@ -196,6 +220,10 @@ def check_timed(backend: Backend, a: Runner, b: Runner, prefix: Sequence[int], t
     where = f"the timed runs' tokens differ from position {first} of {len(tokens_a)}"
     if not tolerant(a, b):
         return where
+    quality = judge_quality(a, b, [list(prefix)], len(tokens_a), [list(tokens_a)])
+    if quality:
+        failed = [f"{name} = {value:.4g}" for name, (value, holds) in quality.items() if not holds]
+        return f"{where}, declared quality fails: {', '.join(failed)}" if failed else None
     judged = judge_logits(backend, a, b, [list(prefix)], len(tokens_a), True, [list(tokens_a)])
     if judged["logit_error"] <= judged["tolerance"] and (judged.get("semantic_error") or 0.0) <= LOGIT_RTOL:
         return None

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from kerneltriage.core.errors import InputError
+from kerneltriage.engine.quality import Quality
 
 QUESTIONS = ("delete", "fast-path", "dispatch", "kernel")
 STAGES = ("model", "step", "loop")
@@ -56,6 +57,8 @@ class Lever:
             raise ValueError(f"lever {self.name}: phases {self.phases} / seams {self.seams} not all known")
         if (self.numerics == "approximates") != (self.quality is not None):
             raise ValueError(f"lever {self.name}: a quality metric is declared exactly when it approximates")
+        if self.quality is not None:
+            Quality.parse(self.quality)  # top1>=FRACTION or kl<=NATS
 
     @property
     def takes_value(self) -> bool:
