@@ -53,6 +53,7 @@ def _from_gguf(path: Path) -> Checkpoint:
     check_tensors(str(path), config, shapes, names.GGUF)
     cache = converted_dir(path)
     tokenizer = Tokenizer.from_gguf(path, contents.meta, cache=cache)
+    _check_vocabulary(path, tokenizer, config)
     record_source(cache, path)
     return Checkpoint(config, gguf_to_internal(contents, config), tokenizer, source=str(path),
                       chat_template=tokenizer.chat_template)
@@ -68,4 +69,12 @@ def _from_hf_dir(path: Path) -> Checkpoint:
         config = config.replace(tie_embeddings=True)
     check_tensors(str(path), config, {name: raw.shape for name, raw in tensors.items()}, names.HF)
     tokenizer = Tokenizer.from_hf_dir(path)
+    _check_vocabulary(path, tokenizer, config)
     return Checkpoint(config, tensors, tokenizer, source=str(path), chat_template=tokenizer.chat_template)
+
+
+def _check_vocabulary(path: Path, tokenizer: Tokenizer, config: ModelConfig) -> None:
+    """Every id the tokenizer can produce must have an embedding row (a model may have spare rows)."""
+    if tokenizer.vocab_size > config.vocab_size:
+        raise InputError(f"{path}: its tokenizer has {tokenizer.vocab_size:,} tokens but the model embeds only "
+                         f"{config.vocab_size:,}")

@@ -87,7 +87,9 @@ def _check_layer_count(source: str, config: ModelConfig, shapes: Mapping[str, tu
                        which: int | None) -> None:
     """Checked first, alone: a wrong count otherwise reads as thousands of missing tensors."""
     found = {int(m.group(1)) for name in shapes if (m := _LAYER.match(name))}
-    if found != set(range(config.num_layers)):
+    # Distinct non-negative indices are exactly 0..n-1 when there are n of them and the largest is n-1
+    # (never build range(n): n is the claim under test, and may be 2^31).
+    if len(found) != config.num_layers or max(found, default=-1) != config.num_layers - 1:
         seen = f"layers 0..{max(found)} ({len(found)} distinct)" if found else "no layers"
         key = {names.GGUF: f"{config.arch}.block_count", names.HF: "num_hidden_layers"}.get(which, "num_layers")
         raise InputError(f"{source}: the header says {key} = {config.num_layers:,} but the file has tensors "
