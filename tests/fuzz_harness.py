@@ -9,6 +9,7 @@ answer within the timeout) and `crash` (the worker died). Only the first two are
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import resource
@@ -45,20 +46,26 @@ def _vm_bytes() -> int:
     raise RuntimeError("no VmSize in /proc/self/status")
 
 
+@functools.lru_cache(maxsize=4)
+def _tokenizer_meta(path: Path) -> dict[str, Any]:
+    from kerneltriage.engine.gguf_header import read_header
+
+    return {k: v for k, v in read_header(path).meta.items() if k.startswith("tokenizer.")}
+
+
 def _seed_tokenizer(case: Case) -> None:
     """Reuse the pristine file's converted tokenizer when the mutant's tokenizer metadata is unchanged:
     conversion (transformers, seconds on a real vocabulary) would then rebuild the same tokenizer."""
     from kerneltriage.core.errors import InputError
-    from kerneltriage.engine.gguf_header import read_header
     from kerneltriage.engine.paths import converted_dir
 
     if case.reference is None or not case.path.is_file():
         return
     try:
-        mutant = {k: v for k, v in read_header(case.path).meta.items() if k.startswith("tokenizer.")}
+        mutant = _tokenizer_meta.__wrapped__(case.path)
     except InputError:
         return
-    pristine = {k: v for k, v in read_header(case.reference).meta.items() if k.startswith("tokenizer.")}
+    pristine = _tokenizer_meta(case.reference)
     cached = converted_dir(case.reference) / "tokenizer.json"
     if mutant == pristine and cached.is_file():
         target = converted_dir(case.path)

@@ -22,6 +22,7 @@ from tokenizers import processors
 from tokenizers.decoders import DecodeStream
 
 from kerneltriage.core.errors import InputError
+from kerneltriage.engine.gguf_vocab import check_special_ids, check_vocabulary
 
 BYTE_VOCAB = 256  # ByteTokenizer: ids below this are raw UTF-8 bytes
 _GGUF_EOS_KEYS = ("eos_token_id", "eot_token_id", "eom_token_id")
@@ -75,9 +76,11 @@ class Tokenizer:
         for key in ("tokenizer.ggml.model", "tokenizer.ggml.tokens"):
             if key not in meta:
                 raise InputError(f"GGUF {path}: no tokenizer ({key} missing)")
+        check_special_ids(path, meta)
         cached = cache / "tokenizer.json" if cache is not None else None
         backend = _read_cached(cached)
         if backend is None:
+            check_vocabulary(path, meta)  # before the conversion: its errors come after seconds, from deep inside
             backend = _convert_gguf_tokenizer(path, meta)
             if cached is not None:
                 _cache_quietly(cached, backend.to_str())
