@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 import time
+from typing import Callable
 
 from kerneltriage.core.errors import InputError
+
+_HELP_WIDTH = 77  # argparse indents a group by 2: entries wrap under themselves within 80 columns
 
 EPILOG = """examples:
   kerneltriage generate --prompt "The capital of France is"
@@ -18,14 +22,59 @@ EPILOG = """examples:
 (real shapes, random weights), a .gguf file or a Hugging Face folder (config.json + *.safetensors)."""
 
 
+def checked(parse: Callable[[str], object]) -> Callable[[str], str]:
+    """An argparse type that validates with `parse` at parse time (before any model loads), keeping the text."""
+    def check(text: str) -> str:
+        parse(text)
+        return text
+    return check
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """--model/--device/--dtype/--levers, shared by every command that runs the engine."""
+    """--model/--device/--dtype/--levers/--spec, shared by every command that runs the engine; the levers and
+    presets are listed in --help."""
+    from kerneltriage.engine.levers import parse_levers
+    from kerneltriage.engine.speculative import parse_spec
+
     parser.add_argument("--model", default="default", help="default | preset | FILE.gguf | HF folder (default: %(default)s)")
     parser.add_argument("--device", default="auto", help="auto | cuda | cuda:N | cpu (default: auto = cuda if visible)")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, float32 on cpu) | float32 | bf16 | fp16")
-    parser.add_argument("--levers", default="", help="comma-separated levers to switch on, e.g. last_logits")
-    parser.add_argument("--spec", default=None, help="speculative decoding: ngram[:N] | selfdraft[:L] | draft:MODEL")
-    parser.add_argument("--spec-depth", default=None, help="draft tokens per step: 1..16 or auto (default: auto)")
+    parser.add_argument("--levers", default="", type=checked(parse_levers),
+                        help="comma-separated levers to switch on, e.g. last_logits (listed below)")
+    parser.add_argument("--spec", default=None, type=checked(parse_spec),
+                        help="speculative decoding: ngram[:N] | selfdraft[:L] | draft:MODEL")
+    parser.add_argument("--spec-depth", default=None, type=checked(lambda depth: parse_spec("ngram", depth)),
+                        help="draft tokens per step: 1..16 or auto (default: auto)")
+    parser.add_argument_group("levers (--levers a,b)", _levers_help())
+    parser.add_argument_group("presets (--model NAME: real shapes, random weights, speed only)", _presets_help())
+
+
+def _levers_help() -> str:
+    """One entry per lever: name, the question it answers, what it does (wrapped under itself)."""
+    from kerneltriage.engine.levers import LEVERS
+
+    return "\n".join(textwrap.fill(f"{lever.name:<28} {lever.question:<9} {lever.summary}", width=_HELP_WIDTH,
+                                   subsequent_indent=" " * 39) for lever in LEVERS.values())
+
+
+def _presets_help() -> str:
+    from kerneltriage.engine.presets import PRESETS
+
+    return "\n".join(f"{name:<13} {c.arch}, {c.num_layers} layers, hidden {c.hidden_size}, heads "
+                     f"{c.num_heads}/{c.num_kv_heads} x {c.head_dim}, vocab {c.vocab_size:,}"
+                     for name, c in PRESETS.items())
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def _stop_string(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("expected a non-empty string (an empty one would match before any text)")
+    return text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,18 +86,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_arguments(parser)
     parser.add_argument("--prompt", required=True, help="the prompt text")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    parser.add_argument("--max-tokens", type=int, default=128, help="new tokens at most (default: %(default)s)")
+    parser.add_argument("--max-tokens", type=_positive, default=128, help="new tokens at most (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p × the top probability")
     parser.add_argument("--seed", type=int, default=None, help="seed for sampling")
-    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--stop", action="append", default=[], type=_stop_string, help="stop string (repeatable)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from kerneltriage.backends.torch.generate import stream_generate
+    """Check the arguments → load (torch only after the model's file checked out) → stream → summary."""
     from kerneltriage.engine.sampling import SamplingParams
     from kerneltriage.engine.sources import load_checkpoint
 
@@ -56,8 +105,12 @@ def run(args: argparse.Namespace) -> int:
         params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
     except ValueError as exc:
         raise InputError(f"sampling: {exc}") from None
+    if not args.prompt:
+        raise InputError("--prompt '': expected some text")
     checkpoint = load_checkpoint(args.model)
     prompt = encode_prompt(checkpoint, args.prompt, args.chat)
+    from kerneltriage.backends.torch.generate import stream_generate
+
     runner = build_runner_from_args(checkpoint, args)
     last = None
     for last in stream_generate(runner, prompt, params, args.max_tokens, tuple(args.stop)):
