@@ -106,6 +106,7 @@ def serve(cap_bytes: int) -> None:
 
     import kerneltriage.backends.torch.runner  # noqa: F401
     import kerneltriage.engine.sources  # noqa: F401
+    from kerneltriage.engine.paths import converted_dir
 
     limit = _vm_bytes() + cap_bytes
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -113,10 +114,13 @@ def serve(cap_bytes: int) -> None:
     print(json.dumps({"ready": True}), file=results, flush=True)
     for line in sys.stdin:
         spec = json.loads(line)
-        case = Case(Path(spec["path"]), spec["what"], spec["reference"] and Path(spec["reference"]))
+        case = Case(Path(spec["path"]), spec["what"], spec["reference"] and Path(spec["reference"]),
+                    spec["disposable"])
         started = time.perf_counter()
         _seed_tokenizer(case)
         result = load_and_run(case.path) | {"seconds": round(time.perf_counter() - started, 3)}
+        if case.disposable and case.path.is_file():  # its converted tokenizer would pile up: 1.5 MB a mutant
+            shutil.rmtree(converted_dir(case.path), ignore_errors=True)
         print(json.dumps(result), file=results, flush=True)
 
 
@@ -143,7 +147,8 @@ class Worker:
     def run(self, case: Case, timeout_s: float) -> dict[str, Any]:
         if self.proc is None:
             self.start()
-        spec = {"path": str(case.path), "what": case.what, "reference": case.reference and str(case.reference)}
+        spec = {"path": str(case.path), "what": case.what, "reference": case.reference and str(case.reference),
+                "disposable": case.disposable}
         self.proc.stdin.write(json.dumps(spec) + "\n")
         self.proc.stdin.flush()
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import struct
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from gguf import GGUFValueType
 
@@ -159,13 +159,12 @@ STRATEGIES: dict[str, Callable[[bytes, GGUFHeader, random.Random], Mutant]] = {
 }
 
 
-def mutants(data: bytes, header: GGUFHeader, count: int, seed: int) -> list[Mutant]:
-    """`count` mutants, strategies taken in turn, each case's randomness from (seed, case index)."""
+def mutants(data: bytes, header: GGUFHeader, count: int, seed: int) -> Iterator[Mutant]:
+    """`count` mutants, made one at a time (a real model's are 98 MB each), strategies taken in turn, each
+    case's randomness from (seed, case index)."""
     names = list(STRATEGIES)
-    out = []
     for index in range(count):
         rng = random.Random(f"{seed}:{index}")
         strategy = names[index % len(names)]
         mutant = STRATEGIES[strategy](data, header, rng)
-        out.append(Mutant(mutant.data, f"{strategy}: {mutant.what}"))
-    return out
+        yield Mutant(mutant.data, f"{strategy}: {mutant.what}")
