@@ -223,6 +223,12 @@ class Ledger:
         )
         return experiment_id
 
+    def set_contended(self, experiment_id: int, reason: str) -> None:
+        """Mark a committed experiment as run on a shared machine, from a reading taken around the whole run
+        after its commit; a mark already there (from its measurements) is kept."""
+        self._conn.execute("UPDATE experiments SET contended = ? WHERE id = ? AND contended IS NULL",
+                           (reason, experiment_id))
+
     def list_experiments(self, limit: int | None = 20) -> list[ExperimentRow]:
         """The newest `limit` experiments (all when None), newest first."""
         if limit is not None and limit < 1:
