@@ -24,7 +24,7 @@ from typing import Any, Iterator
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from config_mutate import config_mutants, write_tiny_hf_dir  # noqa: E402
-from fuzz_harness import Case, run_cases  # noqa: E402
+from fuzz_harness import Case, model_config, run_cases  # noqa: E402
 from gguf_mutate import mutants  # noqa: E402
 
 from kerneltriage.core.environment import capture_environment  # noqa: E402
@@ -53,7 +53,7 @@ def gguf_cases(model: Path, workdir: Path, count: int, seed: int) -> Iterator[Ca
 def classify(results: list[dict[str, Any]], pristine: dict[str, Any]) -> None:
     """A loaded mutant whose config differs from the pristine file's becomes `loaded-changed`."""
     for result in results:
-        if result["outcome"] == "loaded" and result.get("config") not in (None, pristine):
+        if result["outcome"] == "loaded" and model_config(result["config"]) != model_config(pristine):
             result["outcome"] = "loaded-changed"
 
 

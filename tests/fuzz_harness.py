@@ -73,8 +73,31 @@ def _seed_tokenizer(case: Case) -> None:
         shutil.copy(cached, target / "tokenizer.json")
 
 
-def load_and_run(path: Path) -> dict[str, Any]:
-    """Load `path` on the CPU in float32 and run a short prompt; the outcome as a JSON-ready dict."""
+def _model_fingerprint(path: Path, config: dict[str, Any]) -> tuple:
+    """What the built model depends on: its config and where each tensor's bytes are (the data is untouched)."""
+    from kerneltriage.engine.gguf_header import read_header
+
+    return model_config(config), [(t.name, t.qtype, t.shape, t.offset) for t in read_header(path).tensors]
+
+
+def model_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A config without its `name` (the file's stem: every mutant's differs) — what the model is built from."""
+    return {key: value for key, value in config.items() if key != "name"}
+
+
+@functools.lru_cache(maxsize=4)
+def _reference_fingerprint(path: Path) -> tuple:
+    from kerneltriage.engine.sources import load_checkpoint
+
+    return _model_fingerprint(path, load_checkpoint(str(path)).config.to_dict())
+
+
+def load_and_run(path: Path, reference: Path | None = None) -> dict[str, Any]:
+    """Load `path` on the CPU in float32 and run a short prompt; the outcome as a JSON-ready dict.
+
+    A mutant that builds exactly the reference's model (same config, same tensor bytes: only a name, a
+    token string or an unused key changed) is not built again: its weights are the reference's, whose logits
+    the run checks first. On a real model this saves seconds a case."""
     import torch
 
     from kerneltriage.backends.torch.runner import build_runner
@@ -83,6 +106,9 @@ def load_and_run(path: Path) -> dict[str, Any]:
 
     try:
         checkpoint = load_checkpoint(str(path))
+        config = checkpoint.config.to_dict()
+        if reference is not None and _model_fingerprint(path, config) == _reference_fingerprint(reference):
+            return {"outcome": "loaded", "config": config, "same_model": True}
         runner = build_runner(checkpoint, torch.device("cpu"), torch.float32)
         ids = checkpoint.tokenizer.encode(PROMPT) or [0]
         runner.reset_cache(len(ids))
@@ -118,7 +144,7 @@ def serve(cap_bytes: int) -> None:
                     spec["disposable"])
         started = time.perf_counter()
         _seed_tokenizer(case)
-        result = load_and_run(case.path) | {"seconds": round(time.perf_counter() - started, 3)}
+        result = load_and_run(case.path, case.reference) | {"seconds": round(time.perf_counter() - started, 3)}
         if case.disposable and case.path.is_file():  # its converted tokenizer would pile up: 1.5 MB a mutant
             shutil.rmtree(converted_dir(case.path), ignore_errors=True)
         print(json.dumps(result), file=results, flush=True)
