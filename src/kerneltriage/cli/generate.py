@@ -125,16 +125,19 @@ def run(args: argparse.Namespace) -> int:
 
 def build_runner_from_args(checkpoint, args: argparse.Namespace, speculate: bool = True):  # noqa: ANN001, ANN201
     """Device, dtype, levers and speculation from the flags; load the weights there; say how long that took."""
-    from kerneltriage.backends.torch.accelerate import apply_levers
-    from kerneltriage.backends.torch.device import resolve_device, resolve_dtype
-    from kerneltriage.backends.torch.runner import build_runner
+    from kerneltriage.backends.torch.device import check_fits, resolve_device, resolve_dtype
     from kerneltriage.engine.levers import parse_levers
     from kerneltriage.engine.speculative import parse_spec
 
     levers = parse_levers(args.levers)
     spec = parse_spec(args.spec, args.spec_depth) if speculate else None
+    # Device, dtype and memory are checked before the levers' heavy imports (compile, graphs): seconds sooner.
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
+    check_fits(checkpoint.config, device, dtype)
+    from kerneltriage.backends.torch.accelerate import apply_levers
+    from kerneltriage.backends.torch.runner import build_runner
+
     started = time.perf_counter()
     runner = apply_levers(build_runner(checkpoint, device, dtype), levers)
     if spec is not None:  # after the levers: speculation wraps whatever prefill they installed
