@@ -60,6 +60,7 @@ def test_a_bad_flag_is_prefixed_once(capsys: pytest.CaptureFixture[str]) -> None
     (["--levers", "warp_drive"], "warp_drive"),
     (["--spec", "bogus"], "--spec 'bogus'"),
     (["--spec", "ngram", "--spec-depth", "99"], "--spec-depth '99'"),
+    (["--temperature", "nan"], "--temperature: expected a finite number"),
 ])
 def test_arguments_are_checked_before_the_model_loads(args: list[str], needle: str, tmp_path: Path) -> None:
     """Against a model file that does not exist: the argument's error comes first, in well under 2 s."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import textwrap
 import time
@@ -71,6 +72,17 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _finite(text: str) -> float:
+    """A float argument; NaN and inf parse as floats but make every sampling comparison false."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
 def _stop_string(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError("expected a non-empty string (an empty one would match before any text)")
@@ -87,10 +99,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--prompt", required=True, help="the prompt text")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     parser.add_argument("--max-tokens", type=_positive, default=128, help="new tokens at most (default: %(default)s)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
+    parser.add_argument("--temperature", type=_finite, default=0.0, help="0 = greedy (default: %(default)s)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
-    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p × the top probability")
+    parser.add_argument("--top-p", type=_finite, default=1.0, help="nucleus sampling mass (1 = off)")
+    parser.add_argument("--min-p", type=_finite, default=0.0, help="drop tokens below min-p × the top probability")
     parser.add_argument("--seed", type=int, default=None, help="seed for sampling")
     parser.add_argument("--stop", action="append", default=[], type=_stop_string, help="stop string (repeatable)")
     parser.set_defaults(func=run)
