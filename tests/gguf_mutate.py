@@ -129,7 +129,7 @@ def _rewrite_tensor(data: bytes, header: GGUFHeader, rng: random.Random) -> Muta
         info = next(t for t in header.tensors if t.name == name)
         value = max(0, info.offset - header.data_offset + rng.choice([-64, -32, -1, 1, 16, 32, 4096, 2**40]))
     else:
-        value = rng.choice(SPECIAL_INTS)
+        value = rng.choice(SPECIAL_INTS) % 2 ** (64 if field == "dims" else 32)  # as the field's width holds it
     return Mutant(set_tensor_field(data, header, name, field, value), f"tensor {name}: {field} → {value}")
 
 
