@@ -65,8 +65,11 @@ def _check_magic(path: Path) -> None:
         raise InputError(f"model file {path}: not found")
     if not path.is_file():
         raise InputError(f"model file {path}: is not a file; expected a .gguf file")
-    with path.open("rb") as f:
-        magic = f.read(len(MAGIC))
+    try:
+        with path.open("rb") as f:
+            magic = f.read(len(MAGIC))
+    except OSError as exc:
+        raise InputError(f"model file {path}: cannot be read ({exc.strerror})") from None
     if magic != MAGIC:
         raise InputError(f"{path}: not a GGUF file (magic {magic!r}; expected 'GGUF')")
 
