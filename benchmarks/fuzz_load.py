@@ -80,6 +80,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/fuzz-load-cpu.json"))
     args = parser.parse_args()
     model = default_model_path()
+    environment = capture_environment()  # at the start: the code the cases ran on
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kt-fuzz-") as tmp:
         work = Path(tmp)
@@ -91,7 +92,7 @@ def main() -> None:
     for results in (gguf, config_results):
         assert results[0]["outcome"] == "loaded", results[0]  # the pristine input must load
         classify(results[1:], results[0]["config"])
-    report = {"environment": capture_environment(), "model": str(model), "seed": args.seed,
+    report = {"environment": environment, "model": str(model), "seed": args.seed,
               "cap_bytes": CAP_BYTES, "timeout_s": TIMEOUT_S, "predicted": PREDICTED,
               "wall_seconds": round(time.perf_counter() - started, 1),
               "gguf": summarize(gguf[1:]), "config_json": summarize(config_results[1:])}
