@@ -101,6 +101,7 @@ def load_and_run(path: Path, reference: Path | None = None) -> dict[str, Any]:
     import torch
 
     from kerneltriage.backends.torch.runner import build_runner
+    from kerneltriage.cli.generate import encode_prompt
     from kerneltriage.core.errors import InputError
     from kerneltriage.engine.sources import load_checkpoint
 
@@ -109,8 +110,8 @@ def load_and_run(path: Path, reference: Path | None = None) -> dict[str, Any]:
         config = checkpoint.config.to_dict()
         if reference is not None and _model_fingerprint(path, config) == _reference_fingerprint(reference):
             return {"outcome": "loaded", "config": config, "same_model": True}
+        ids = encode_prompt(checkpoint, PROMPT, chat=False) or [0]  # the CLI's rule: fewer than the context
         runner = build_runner(checkpoint, torch.device("cpu"), torch.float32)
-        ids = checkpoint.tokenizer.encode(PROMPT) or [0]
         runner.reset_cache(len(ids))
         with torch.inference_mode():
             logits = runner.model(torch.tensor([ids]), 0)
