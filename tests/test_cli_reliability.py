@@ -162,3 +162,24 @@ def test_a_shared_machine_is_flagged_in_json_stderr_and_ledger(tiny_triage: None
     assert f"warning: the machine was shared during triage ({reason})" in err
     with Ledger(tmp_path / "l.db") as ledger:
         assert ledger.list_experiments()[0].contended == reason
+
+
+def test_ledger_list_fits_80_columns_without_cutting(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from kerneltriage.cli.ledger import render_list
+
+    with Ledger(tmp_path / "l.db") as ledger:
+        for label in ("SmolLM2-135M-Instruct.Q4_1 [packed_qkv,packed_gate_up,last_logits]: triage pp512 tg128", "x"):
+            with ledger.experiment("triage", {}, {}, label=label) as exp:
+                exp.set_contention("others used 1.2 cores")
+        rows = ledger.list_experiments()
+    console = Console(width=80, record=True, file=open(os.devnull, "w"))  # noqa: SIM115 - closed with the test
+    console.print(render_list(rows))
+    text = console.export_text()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80 and "…" not in text
+    assert lines[1].rstrip().endswith("shared ┃") and text.count(" yes ") == 2
+    label = "".join(line.split("│")[4].strip() for line in lines if line.count("│") == 8)
+    assert "SmolLM2-135M-Instruct.Q4_1[packed_qkv,packed_gate_up,last_logits]:triagepp512tg128" in label.replace(
+        " ", "")  # the whole label, wrapped

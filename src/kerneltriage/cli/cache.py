@@ -30,7 +30,7 @@ def run_list(args: argparse.Namespace) -> int:
     entries = list_converted()
     total = format_bytes(sum(e.size_bytes for e in entries))
     table = folded_table(f"converted models: {len(entries)} in {converted_root()} ({total})",
-                         ("model file", "status", "size"), fold=0)
+                         ("model file", "status", "size"))
     for entry in entries:
         table.add_row(entry.source or f"(no record) {entry.path.name}", entry.status, format_bytes(entry.size_bytes))
     Console().print(table)

@@ -93,7 +93,7 @@ _ACTIONS: dict[str, Callable[[Ledger, argparse.Namespace], None]] = {
 
 def render_list(rows: list[ExperimentRow]) -> Table:
     """The `ledger list` table: fits 80 columns, folds a long label, marks a run on a shared machine."""
-    table = folded_table(None, ("id", "created (UTC)", "kind", "label", "verdict", "meas/find", "shared"))
+    table = folded_table(None, ("id", "created (UTC)", "kind", "label", "verdict", "meas/find", "shared"), whole=(0,))
     for r in rows:
         created = r.created[:16].replace("T", " ")  # ISO 8601 UTC, to the minute
         add_row(table, r.id, created, r.kind, r.label, r.verdict, f"{r.measurements}/{r.findings}",

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         add_row(cached, path, format_bytes(size))
     console.print(cached)
     presets = folded_table("presets (real shapes, random weights: speed only)",
-                           ("--model", "arch", "layers", "hidden", "heads/kv", "vocab"))
+                           ("--model", "arch", "layers", "hidden", "heads/kv", "vocab"), whole=(0,))
     for name, cfg in PRESETS.items():
         add_row(presets, name, cfg.arch, cfg.num_layers, cfg.hidden_size, f"{cfg.num_heads}/{cfg.num_kv_heads}",
                 f"{cfg.vocab_size:,}")

@@ -1,7 +1,8 @@
 """Terminal tables that stay readable at 80 columns and never cut an identifier.
 
 rich's default overflow ends a long cell in "…", which cut the very path a user copies into --model. Here
-every cell folds onto further lines instead, and the identifier column keeps a minimum width.
+every cell wraps at spaces or folds onto further lines instead; a short identifier (an id, a preset name) is
+kept whole on its line.
 """
 
 from __future__ import annotations
@@ -11,14 +12,12 @@ from typing import Sequence
 from rich.table import Table
 from rich.text import Text
 
-IDENTIFIER_MIN_WIDTH = 12
 
-
-def folded_table(title: str | None, columns: Sequence[str], fold: int = 0) -> Table:
-    """A table whose cells wrap or fold, never truncate; column `fold` holds the identifier."""
+def folded_table(title: str | None, columns: Sequence[str], whole: Sequence[int] = ()) -> Table:
+    """A table whose cells wrap or fold, never truncate; the columns in `whole` never break (short ids)."""
     table = Table(title=title, title_justify="left")
     for index, column in enumerate(columns):
-        table.add_column(column, overflow="fold", min_width=IDENTIFIER_MIN_WIDTH if index == fold else None)
+        table.add_column(column, overflow="fold", no_wrap=index in whole)
     return table
 
 
