@@ -31,6 +31,7 @@ from kerneltriage.core.environment import capture_environment  # noqa: E402
 from kerneltriage.engine.fetch import default_model_path  # noqa: E402
 from kerneltriage.engine.gguf_header import read_header  # noqa: E402
 
+ACCEPTABLE = ("input-error", "loaded", "loaded-changed")
 # Written before the run (the issue's run, on the code before validation, had 4 hangs, 11 memory blow-ups,
 # 97 changed configs or tables accepted and 15 non-finite): what this code should give.
 PREDICTED = {"hang": 0, "crash": 0, "traceback": 0, "memory": 0, "non-finite": 0,
@@ -58,18 +59,24 @@ def classify(results: list[dict[str, Any]], pristine: dict[str, Any]) -> None:
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts (overall and per strategy), timings, every unacceptable and every changed-but-loaded case, and
+    examples of the errors (the seed reproduces every case)."""
     by_strategy: dict[str, Counter] = defaultdict(Counter)
     for result in results:
         by_strategy[result["what"].split(":", 1)[0]][result["outcome"]] += 1
     seconds = [r["seconds"] for r in results]
-    bad = [r for r in results if r["outcome"] not in ("input-error", "loaded", "loaded-changed")]
-    changed = [r["what"] for r in results if r["outcome"] == "loaded-changed"]
+    errors = [r for r in results if r["outcome"] == "input-error"]
     return {"cases": len(results), "counts": dict(Counter(r["outcome"] for r in results)),
             "by_strategy": {k: dict(v) for k, v in sorted(by_strategy.items())},
             "seconds_median": statistics.median(seconds), "seconds_max": max(seconds),
-            "cases_over_2s": sum(s > 2.0 for s in seconds), "unacceptable": bad, "loaded_changed": changed,
-            "slowest": [[r["what"], r["outcome"], r["seconds"]] for r in sorted(results, key=lambda r: -r["seconds"])[:10]],
-            "every_case": [[r["what"], r["outcome"], r["seconds"], r.get("message", "")[:200]] for r in results]}
+            "cases_over_2s": sum(s > 2.0 for s in seconds),
+            "input_error_seconds_median": statistics.median(r["seconds"] for r in errors) if errors else None,
+            "input_error_seconds_max": max((r["seconds"] for r in errors), default=None),
+            "unacceptable": [r for r in results if r["outcome"] not in ACCEPTABLE],
+            "loaded_changed": [r["what"] for r in results if r["outcome"] == "loaded-changed"],
+            "slowest": [[r["what"], r["outcome"], r["seconds"]]
+                        for r in sorted(results, key=lambda r: -r["seconds"])[:10]],
+            "input_error_examples": [f"{r['what']} -> {r['message']}" for r in errors[::max(1, len(errors) // 40)]]}
 
 
 def main() -> None:
@@ -87,12 +94,13 @@ def main() -> None:
         gguf = run_cases(gguf_cases(model, work, args.count, args.seed), CAP_BYTES, TIMEOUT_S, work / "cache")
         hf = write_tiny_hf_dir(work / "hf")
         configs = [Case(hf, "pristine tiny HF folder")]
-        configs += [Case(p, what, disposable=True) for p, what in config_mutants(hf, work, args.config_count, args.seed)]
+        mutated = config_mutants(hf, work, args.config_count, args.seed)
+        configs += [Case(path, what, disposable=True) for path, what in mutated]
         config_results = run_cases(iter(configs), CAP_BYTES, TIMEOUT_S, work / "cache")
     for results in (gguf, config_results):
         assert results[0]["outcome"] == "loaded", results[0]  # the pristine input must load
         classify(results[1:], results[0]["config"])
-    report = {"environment": environment, "model": str(model), "seed": args.seed,
+    report = {"environment": environment, "model": model.name, "seed": args.seed,
               "cap_bytes": CAP_BYTES, "timeout_s": TIMEOUT_S, "predicted": PREDICTED,
               "wall_seconds": round(time.perf_counter() - started, 1),
               "gguf": summarize(gguf[1:]), "config_json": summarize(config_results[1:])}
