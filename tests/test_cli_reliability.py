@@ -4,6 +4,7 @@ ledger entry and report went and when the machine was shared."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
@@ -174,7 +175,7 @@ def test_ledger_list_fits_80_columns_without_cutting(tmp_path: Path) -> None:
             with ledger.experiment("triage", {}, {}, label=label) as exp:
                 exp.set_contention("others used 1.2 cores")
         rows = ledger.list_experiments()
-    console = Console(width=80, record=True, file=open(os.devnull, "w"))  # noqa: SIM115 - closed with the test
+    console = Console(width=80, record=True, file=io.StringIO())
     console.print(render_list(rows))
     text = console.export_text()
     lines = text.splitlines()
