@@ -1,4 +1,4 @@
-"""GGUF reading: metadata and tensors, the index cache, bad files, and llama's Q/K unpermutation."""
+"""GGUF reading: metadata and tensors (equal to gguf-py's reader), bad files, and llama's Q/K unpermutation."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import quantize
 
 from kerneltriage.core.errors import InputError
-from kerneltriage.engine import gguf_file
 from kerneltriage.engine.config import ModelConfig
-from kerneltriage.engine.gguf_file import INDEX_NAME, gguf_to_internal, read_gguf
-from kerneltriage.engine.paths import converted_dir
+from kerneltriage.engine.gguf_file import gguf_to_internal, read_gguf
+from kerneltriage.engine.gguf_header import read_header
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 64, 4, 2, 16
 TOKENS = ["<s>", "</s>", "a", "b", "ab", "c", "d", "cd"]
@@ -99,28 +98,34 @@ def test_reads_tensors_as_memmap_views(model_file, hf_weights):
     np.testing.assert_array_equal(q.data, expected)
 
 
-def test_index_is_cached_and_used_on_second_read(model_file, monkeypatch):
-    first = read_gguf(model_file)
-    assert (converted_dir(model_file) / INDEX_NAME).is_file()
-
-    def no_reader(*args, **kwargs):
-        raise AssertionError("GGUFReader used although the index is cached")
-
-    monkeypatch.setattr(gguf_file, "GGUFReader", no_reader)
-    second = read_gguf(model_file)
-    assert second.meta == first.meta
-    assert second.tensors.keys() == first.tensors.keys()
-    for name, raw in first.tensors.items():
-        assert (second.tensors[name].qtype, second.tensors[name].shape) == (raw.qtype, raw.shape)
-        np.testing.assert_array_equal(second.tensors[name].data, raw.data)
+def _reference(path: Path) -> tuple[dict, list[tuple]]:
+    """gguf-py's GGUFReader's view of a file: metadata, and (name, type, shape, offset, bytes) per tensor."""
+    reader = GGUFReader(path)
+    meta = {key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")}
+    table = [(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape.tolist())), int(t.data_offset),
+              int(t.n_bytes)) for t in reader.tensors]
+    return meta, table
 
 
-def test_corrupt_index_is_rebuilt(model_file):
+def _ours(path: Path) -> tuple[dict, list[tuple]]:
+    header = read_header(path)
+    return header.meta, [(t.name, t.qtype, t.shape, t.offset, t.nbytes) for t in header.tensors]
+
+
+def test_header_equals_gguf_readers(model_file):
+    meta, table = _ours(model_file)
+    assert (meta, table) == _reference(model_file)
+    assert [type(v) for v in meta.values()] == [type(v) for v in _reference(model_file)[0].values()]
+
+
+@pytest.mark.real_model
+def test_default_models_header_equals_gguf_readers(default_gguf):
+    assert _ours(default_gguf) == _reference(default_gguf)
+
+
+def test_reading_caches_nothing(model_file, tmp_path):
     read_gguf(model_file)
-    index = converted_dir(model_file) / INDEX_NAME
-    index.write_text("{not json")
-    assert read_gguf(model_file).meta["general.architecture"] == "llama"
-    assert index.read_text().startswith("{\"format\"")
+    assert not (tmp_path / "cache").exists()
 
 
 def test_missing_file(tmp_path):

@@ -11,11 +11,14 @@ import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from kerneltriage.core import ledger_schema
+from kerneltriage.core.environment import Snapshot
 from kerneltriage.core.errors import InputError
 from kerneltriage.core.ledger import Ledger
 from kerneltriage.core.measurement import Measurement, MeasurementSpec
@@ -245,3 +248,77 @@ def test_exports_parse(tmp_path: Path) -> None:
     assert "## #1 ab — a|b" in exported["md"] and "| decode | decode | 6 | 10.0 ms |" in exported["md"]
     with Ledger(tmp_path / "l.db") as ledger, pytest.raises(ValueError, match="format"):
         ledger.export("xml")
+
+
+def _snapshot(at: float, busy: float, ours: float) -> Snapshot:
+    return Snapshot(time=at, load_avg_1m=2.0, cpu_count=2, cpu_busy_s=busy, self_cpu_s=ours)
+
+
+def test_a_contended_measurement_marks_its_experiment(tmp_path: Path) -> None:
+    # Between start and end (10 s) others used 10 CPU seconds beside our 10: one whole core.
+    busy = Measurement(M.spec, M.samples, start=_snapshot(0.0, 100.0, 5.0), end=_snapshot(10.0, 120.0, 15.0))
+    quiet = Measurement(M.spec, M.samples, start=_snapshot(0.0, 100.0, 5.0), end=_snapshot(10.0, 110.2, 15.0))
+    with Ledger(tmp_path / "l.db") as ledger:
+        for name, measurements in (("busy", [quiet, busy]), ("quiet", [quiet]), ("told", [quiet])):
+            with ledger.experiment("bench", {}, {}, label=name) as exp:
+                for m in measurements:
+                    exp.add_measurement(m)
+                if name == "told":
+                    exp.set_contention("a busy-loop beside the run")
+        rows = {row.label: row.contended for row in ledger.list_experiments()}
+        record = ledger.get_experiment(1)
+    assert rows["busy"].startswith("decode: other processes used 1.00 of 2 CPU cores")
+    assert rows["quiet"] is None and rows["told"] == "a busy-loop beside the run"
+    assert record.contended == rows["busy"] and record.to_dict()["contended"] == rows["busy"]
+
+
+def test_a_version_1_ledger_gains_the_contended_column_and_keeps_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    with sqlite3.connect(path) as conn:  # a ledger as the first release wrote it
+        for statement in ledger_schema.MIGRATIONS[0]:
+            conn.execute(statement)
+        conn.execute("PRAGMA user_version = 1")
+        conn.execute("INSERT INTO experiments (created, kind, label, config, environment, verdict, summary)"
+                     " VALUES ('2026-01-01T00:00:00+00:00', 'bench', 'old', '{}', '{}', NULL, '{}')")
+    with Ledger(path) as ledger:
+        assert ledger_schema.user_version(ledger._conn) == ledger_schema.SCHEMA_VERSION == 2
+        assert [(r.label, r.contended) for r in ledger.list_experiments()] == [("old", None)]
+        _record_one(ledger)
+        assert ledger.get_experiment(2).contended is None
+
+
+@contextmanager
+def _read_only(folder: Path) -> Iterator[None]:
+    """Make `folder` read-only even for root (the immutable attribute), else by mode; skip when neither holds."""
+    immutable = os.geteuid() == 0 and subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
+    if not immutable:
+        folder.chmod(0o555)
+    try:
+        if os.access(folder, os.W_OK) and not immutable:
+            pytest.skip("cannot make a folder read-only here")
+        yield
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+        folder.chmod(0o755)
+
+
+def test_a_ledger_in_a_read_only_folder_is_read_but_not_written(tmp_path: Path) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    with Ledger(folder / "l.db") as ledger:
+        _record_one(ledger)
+    with _read_only(folder):
+        with Ledger(folder / "l.db", create=False) as ledger:
+            assert [r.label for r in ledger.list_experiments()] == ["graphs"]
+        with pytest.raises(InputError, match=r"l.db: cannot open it for writing .*--ledger PATH"):
+            Ledger(folder / "l.db")
+        with pytest.raises(InputError, match=r"new.db: cannot open it for writing"):
+            Ledger(folder / "new.db")
+    assert not (folder / "new.db").exists()
+
+
+def test_a_folder_as_ledger_is_one_line(tmp_path: Path) -> None:
+    for create in (False, True):
+        with pytest.raises(InputError, match=r"ledger .*: is a folder; expected a ledger file"):
+            Ledger(tmp_path, create=create)

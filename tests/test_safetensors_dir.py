@@ -116,3 +116,39 @@ def test_unsupported_dtype_of_a_used_tensor(tmp_path):
     save_file({"model.norm.weight": torch.zeros(8, dtype=torch.int64)}, str(path / "model-00002-of-00002.safetensors"))
     with pytest.raises(InputError, match=r"'model\.norm\.weight' has dtype I64; supported: F32, F16, BF16"):
         read_safetensors_dir(path)
+
+
+def _rewrite_header(shard: Path, change) -> None:  # noqa: ANN001 - change(header dict) -> None
+    """Rewrite a shard's JSON header in place, keeping its length (padded with spaces, as the format allows)."""
+    raw = shard.read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + length])
+    change(header)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    assert len(text) <= length
+    shard.write_bytes(raw[:8] + text.ljust(length) + raw[8 + length:])
+
+
+def test_overlapping_tensors_are_refused(tmp_path):
+    path = write_folder(tmp_path / "m", with_index=False)
+    shard = path / "model-00002-of-00002.safetensors"
+
+    def onto_the_first(header: dict) -> None:
+        names = sorted((n for n in header if n != "__metadata__"), key=lambda n: header[n]["data_offsets"][0])
+        header[names[1]]["data_offsets"] = list(header[names[0]]["data_offsets"])
+        header[names[1]]["shape"], header[names[1]]["dtype"] = header[names[0]]["shape"], header[names[0]]["dtype"]
+    _rewrite_header(shard, onto_the_first)
+    with pytest.raises(InputError, match="overlap"):
+        read_safetensors_dir(path)
+
+
+def test_a_negative_offset_into_the_header_is_refused(tmp_path):
+    path = write_folder(tmp_path / "m", with_index=False)
+    shard = path / "model-00002-of-00002.safetensors"
+
+    def before_the_data(header: dict) -> None:
+        begin, end = header["model.norm.weight"]["data_offsets"]
+        header["model.norm.weight"]["data_offsets"] = [begin - end, 0]  # its 32 bytes end where the data starts
+    _rewrite_header(shard, before_the_data)
+    with pytest.raises(InputError, match="don't fit"):
+        read_safetensors_dir(path)

@@ -21,6 +21,7 @@ from kerneltriage.bench.equivalence import Correctness, check_outputs, check_tim
 from kerneltriage.bench.harness import Sample, decode_sample, prefill_sample, prompts_sample
 from kerneltriage.bench.workloads import PromptSet, Test, check_fits, expand, tokens_for
 from kerneltriage.core import stats, verdict
+from kerneltriage.core.contention import contention
 from kerneltriage.core.environment import take_snapshot
 from kerneltriage.core.errors import InputError
 from kerneltriage.core.measurement import Measurement, MeasurementSpec
@@ -229,12 +230,19 @@ def run_ab(backend: Backend, runners: Mapping[str, Runner], settings: Settings, 
     report = Report(describe(runners, settings), correctness, counters,
                     sorted({key for c in counters.values() for key, n in c.items() if n == 0}),
                     phases, sustained, windows)
-    report.contention = verdict.band_contention({p.test.phase: p.band for p in phases})
+    report.contention = verdict.band_contention({p.test.phase: p.band for p in phases}) or _load_contention(report)
     report.checklist = checklist(report, a.run_config, b.run_config, baseline_evidence)
     report.verdict = verdict.overall_verdict(
         {p.test.phase: p.verdict for p in phases}, correctness.passed, report.silent, correctness.detail,
         slower_phases=[p.test.phase for p in phases if p.slower], pairs=settings.pairs, contention=report.contention)
     return report
+
+
+def _load_contention(report: Report) -> str | None:
+    """Why the machine was shared while the phases were timed (other processes' CPU, the GPU held), or None."""
+    snapshots = sorted((s for p in report.phases for m in (*p.aa, *p.ab) for s in (m.start, m.end) if s is not None),
+                       key=lambda s: s.time)
+    return contention(snapshots[0], snapshots[-1]) if snapshots else None
 
 
 def _with_timed(backend: Backend, a: Runner, b: Runner, correctness: Correctness, phases: list[Phase],

@@ -6,7 +6,7 @@ alone, then the timed samples of all engines alternate. What a sample is, for ke
 pp N @ d: the cache holds d prompt tokens (filled untimed, once); each sample trims it back to d and
   times `runner.prefill` of N tokens at position d between synchronized clocks. Time to first token adds
   reading the first (greedy) token.
-tg N @ d: each sample prefills d tokens (1 at depth 0) and runs `runner.decode_loop` — the token loop
+tg N @ d: each sample prefills d tokens (1 at depth 0) and runs `runner.loop` — the token loop
   levers may replace — for N + 1 tokens: the first comes from the prefill's logits (time to first token),
   the N after it are N decode steps, timed from the first token on the host to the last. Rate = N / time.
 

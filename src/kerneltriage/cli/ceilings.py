@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `ceilings` to the top-level subcommands."""
     parser = subparsers.add_parser(
         "ceilings", help="measured copy bandwidth and matmul peak of this device", description=__doc__ +
-        " Measured once per device, torch version and dtype, then read from the cache; --refresh measures again.")
+        " Measured once per device, torch version and dtype, then read from the cache; --refresh measures again."
+        " Each carries the load it was measured under; ceilings measured on a shared machine are measured again"
+        " once the machine is quiet.")
     parser.add_argument("--device", default="auto", help="auto | cuda | cuda:N | cpu (default: auto = cuda if visible)")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, float32 on cpu) | float32 | bf16 | fp16")
     parser.add_argument("--refresh", action="store_true", help="measure again instead of reading the cache")
@@ -18,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Resolve the device → get (or measure) its ceilings → print them."""
-    from kerneltriage.backends.torch.ceilings import CACHE_FILE, cache_key, get_ceilings
+    from kerneltriage.backends.torch.ceilings import CACHE_FILE, cache_key, cached_entry, get_ceilings
     from kerneltriage.backends.torch.device import resolve_device, resolve_dtype
     from kerneltriage.core.units import format_bandwidth, format_flops
     from kerneltriage.engine.paths import cache_dir
@@ -32,4 +35,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"matmul        {format_flops(ceilings.matmul_flops)} ({ceilings.dtype})")
     print(f"source        {ceilings.source} — {where}")
     print(f"key           {cache_key(device, dtype)}")
+    entry = cached_entry(device, dtype) if ceilings.source == "measured" else {}
+    if entry:
+        print(f"measured      {entry.get('measured_at', 'at an unrecorded time')}, {_load_line(entry)}")
+    if entry.get("contended"):
+        print(f"warning: measured on a shared machine ({entry['contended']}): the ceilings are too low until "
+              "measured again on a quiet one", file=sys.stderr)
     return 0
+
+
+def _load_line(entry: dict) -> str:
+    if "contended" not in entry:
+        return "load not recorded (measured again once the machine is quiet)"
+    others, load = entry.get("other_cores"), entry.get("load_avg_1m")
+    share = "unknown" if others is None else f"{others:.2f} cores"
+    return f"other processes' CPU during it: {share}, load average {'unknown' if load is None else f'{load:.2f}'}"

@@ -12,7 +12,16 @@ from kerneltriage.core.errors import InputError
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.levers import help_table
 
-LEVERS_HELP = "levers (--levers a,b; each applied from outside the model):\n" + help_table()
+def _presets_help() -> str:
+    from kerneltriage.engine.presets import PRESETS
+
+    return "\n".join(f"  {name:<13} {c.arch}, {c.num_layers} layers, hidden {c.hidden_size}, heads "
+                     f"{c.num_heads}/{c.num_kv_heads} x {c.head_dim}, vocab {c.vocab_size:,}"
+                     for name, c in PRESETS.items())
+
+
+LEVERS_HELP = ("levers (--levers a,b; each applied from outside the model):\n" + help_table()
+               + "\n\npresets (--model NAME: real shapes, random weights, speed only):\n" + _presets_help())
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,11 +45,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 def run_config(args: argparse.Namespace, speculate: bool = True) -> RunConfig:
     """The configuration the flags ask for, and the backend checked (an InputError before any loading when they are
     wrong)."""
-    from kerneltriage.engine.backend import get_backend
+    from kerneltriage.engine.backend import backend_name
     from kerneltriage.engine.levers import parse_levers
     from kerneltriage.engine.speculative.config import parse_speculation
 
-    get_backend(args.backend)
+    backend_name(args.backend)
     try:
         levers = parse_levers(args.levers)
     except InputError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from kerneltriage.cli.common import LEVERS_HELP, add_model_arguments, build_runner, run_config
@@ -18,6 +19,29 @@ EPILOG = """examples:
 (real shapes, random weights), a .gguf file or a Hugging Face folder (config.json + *.safetensors)."""
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def _finite(text: str) -> float:
+    """A float argument; NaN and inf parse as floats but make every sampling comparison false."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _stop_string(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("expected a non-empty string (an empty one would match before any text)")
+    return text
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate", help="run the reference engine and stream text",
@@ -28,19 +52,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_arguments(parser)
     parser.add_argument("--prompt", required=True, help="the prompt text")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    parser.add_argument("--max-tokens", type=int, default=128, help="new tokens at most (default: %(default)s)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
+    parser.add_argument("--max-tokens", type=_positive, default=128, help="new tokens at most (default: %(default)s)")
+    parser.add_argument("--temperature", type=_finite, default=0.0, help="0 = greedy (default: %(default)s)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
-    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p × the top probability")
+    parser.add_argument("--top-p", type=_finite, default=1.0, help="nucleus sampling mass (1 = off)")
+    parser.add_argument("--min-p", type=_finite, default=0.0, help="drop tokens below min-p × the top probability")
     parser.add_argument("--seed", type=int, default=None, help="seed for sampling")
-    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+    parser.add_argument("--repetition-penalty", type=_finite, default=1.0,
                         help="divide the logits of the last 20 tokens by this (1 = off), as mlx-lm does")
-    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--stop", action="append", default=[], type=_stop_string, help="stop string (repeatable)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check the arguments → load → stream → summary."""
     from kerneltriage.engine.generation import stream_generate
     from kerneltriage.engine.sampling import SamplingParams
     from kerneltriage.engine.sources import load_checkpoint
@@ -50,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
                                 args.repetition_penalty)
     except ValueError as exc:
         raise InputError(f"sampling: {exc}") from None
+    if not args.prompt:
+        raise InputError("--prompt '': expected some text")
     config = run_config(args)
     checkpoint = load_checkpoint(args.model)
     prompt = encode_prompt(checkpoint, args.prompt, args.chat)

@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from kerneltriage.cli.tables import add_row, folded_table
+
 from kerneltriage.core.errors import InputError
 from kerneltriage.core.ledger import DEFAULT_LEDGER_PATH, ExperimentRecord, ExperimentRow, Ledger
 from kerneltriage.core.ledger_export import FORMATS, MD_COLUMNS, measurement_cells
@@ -89,24 +91,13 @@ _ACTIONS: dict[str, Callable[[Ledger, argparse.Namespace], None]] = {
 }
 
 
-def _table(title: str | None, *columns: str) -> Table:
-    table = Table(title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column)
-    return table
-
-
-def _row(table: Table, *cells: object) -> None:
-    # Text() keeps labels such as "[graphs]" literal instead of parsing them as rich markup.
-    table.add_row(*(Text("—" if c is None else str(c)) for c in cells))
-
-
 def render_list(rows: list[ExperimentRow]) -> Table:
-    """The `ledger list` table."""
-    table = _table(None, "id", "created (UTC)", "kind", "label", "verdict", "measurements", "findings")
+    """The `ledger list` table: fits 80 columns, folds a long label, marks a run on a shared machine."""
+    table = folded_table(None, ("id", "created (UTC)", "kind", "label", "verdict", "meas/find", "shared"), whole=(0,))
     for r in rows:
         created = r.created[:16].replace("T", " ")  # ISO 8601 UTC, to the minute
-        _row(table, r.id, created, r.kind, r.label, r.verdict, r.measurements, r.findings)
+        add_row(table, r.id, created, r.kind, r.label, r.verdict, f"{r.measurements}/{r.findings}",
+             "yes" if r.contended else "")
     return table
 
 
@@ -131,14 +122,15 @@ def render_experiment(record: ExperimentRecord) -> list[Any]:
     header = Text(
         f"experiment #{record.id} {record.kind}{label}\n"
         f"created {record.created} · verdict {record.verdict or '—'}\n"
+        f"{'shared machine: ' + record.contended + chr(10) if record.contended else ''}"
         f"config {json.dumps(record.config, sort_keys=True)}\n"
         f"summary {json.dumps(record.summary, sort_keys=True)}\n"
         f"{_environment_line(record.environment)}"
     )
-    measurements = _table("measurements", *MD_COLUMNS)
+    measurements = folded_table("measurements", MD_COLUMNS)
     for m in record.measurements:
-        _row(measurements, *measurement_cells(m))
-    findings = _table("findings", "question", "code", "title")
+        add_row(measurements, *measurement_cells(m))
+    findings = folded_table("findings", ("question", "code", "title"))
     for f in record.findings:
-        _row(findings, f.question, f.code, f.title)
+        add_row(findings, f.question, f.code, f.title)
     return [header, measurements, findings]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     """Parse → load → triage (one ledger experiment) → render."""
     from kerneltriage.bench.workloads import check_fits
     from kerneltriage.cli.common import build_runner, run_config
+    from kerneltriage.core.contention import contention
+    from kerneltriage.core.environment import take_snapshot
     from kerneltriage.core.ledger import Ledger
     from kerneltriage.engine.backend import get_backend
     from kerneltriage.engine.sources import load_checkpoint
@@ -69,15 +72,37 @@ def run(args: argparse.Namespace) -> int:
     check_fits([workload.prefill_test, workload.decode_test], checkpoint.config.max_context)
     with Ledger(args.ledger) as ledger:  # opened first: a file that is not a ledger fails before any work
         runner = build_runner(checkpoint, args, config)
+        start = take_snapshot(runner.gpu_index or 0)
         with _progress(len(STAGES)) as tell:
             report = triage(get_backend(args.backend), runner, workload, tell, ledger, _label(runner, workload),
                             speculation)
+        shared = contention(start, take_snapshot(runner.gpu_index or 0))
+        if shared and report.experiment_id is not None:
+            ledger.set_contended(report.experiment_id, shared)
     if args.html is not None:
         from kerneltriage.triage.html import write_html
 
         write_html(report, args.html)
-    print(report.to_json() if args.output == "json" else render(report), end="")
+    print(_json(report, shared) if args.output == "json" else render(report), end="")
+    _tell_where(report, args, shared)
     return 0
+
+
+def _json(report: Any, shared: str | None) -> str:
+    """The report's JSON with `contention`: why the machine was shared during the run, or null."""
+    return json.dumps(report.to_dict() | {"contention": shared}, indent=2, allow_nan=False) + "\n"
+
+
+def _tell_where(report: Any, args: argparse.Namespace, shared: str | None) -> None:
+    """On stderr (stdout may be the JSON): a shared-machine warning, the ledger entry, the report file."""
+    if shared:
+        print(f"warning: the machine was shared during triage ({shared}): its timings are noise-prone and its "
+              "findings and ranking may not hold on a quiet machine; run it again alone", file=sys.stderr)
+    if report.experiment_id is not None:
+        print(f"ledger experiment #{report.experiment_id} in {args.ledger} "
+              f"(kerneltriage ledger show {report.experiment_id} --ledger {args.ledger})", file=sys.stderr)
+    if args.html is not None:
+        print(f"HTML report: {args.html.resolve()}", file=sys.stderr)
 
 
 def _check_html(path: Path | None) -> None:

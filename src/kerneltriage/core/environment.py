@@ -14,13 +14,14 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterator, Mapping
 
 from kerneltriage import __version__
+from kerneltriage.core.contention import cpu_readings, gpu_readings
 
 PACKAGES = ("torch", "transformers", "gguf", "numpy", "mlx", "nvidia-ml-py")
 GIT_TIMEOUT_S = 5.0
@@ -38,6 +39,14 @@ class Snapshot:
     memory_clock_mhz: int | None = None
     temperature_c: int | None = None
     power_w: float | None = None
+    # Machine load (core/contention.py judges it): the load average counts our own threads too; the
+    # cumulative busy seconds of the machine and of this process give what others used between two snapshots.
+    load_avg_1m: float | None = None
+    cpu_count: int | None = None
+    cpu_busy_s: float | None = None
+    self_cpu_s: float | None = None
+    gpu_utilization_pct: int | None = None
+    gpu_other_processes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -45,8 +54,10 @@ class Snapshot:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Snapshot:
-        """Inverse of `to_dict`."""
-        return cls(**data)
+        """Inverse of `to_dict`. Rows written before a field existed lack it (it reads as None); fields this
+        version does not know, from a newer one, are dropped."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
 
 
 def _run_git(*args: str) -> str | None:
@@ -187,7 +198,8 @@ def gpu_info() -> dict[str, Any] | None:
 
 
 def gpu_snapshot(index: int = 0) -> dict[str, Any] | None:
-    """Current SM/memory clocks (MHz), temperature (°C) and power (W) of GPU `index`; None without NVML."""
+    """Current SM/memory clocks (MHz), temperature (°C), power (W), utilization (%) and other processes of
+    GPU `index`; None without NVML."""
     with _nvml() as nvml:
         if nvml is None or index >= nvml.nvmlDeviceGetCount():
             return None
@@ -200,13 +212,15 @@ def gpu_snapshot(index: int = 0) -> dict[str, Any] | None:
                 nvml, nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU
             ),
             "power_w": None if milliwatts is None else milliwatts / 1000.0,
+            **gpu_readings(nvml, handle),
         }
 
 
 def take_snapshot(gpu_index: int = 0) -> Snapshot:
-    """Power source and GPU conditions now: call at the start (after warm-ups: an idle GPU sits at low
-    clocks, e.g. 405 MHz SM on an H200) and at the end of every timed run."""
-    return Snapshot(time=time.time(), on_battery=on_battery(), **(gpu_snapshot(gpu_index) or {}))
+    """Power source, machine load and GPU conditions now: call at the start (after warm-ups: an idle GPU sits
+    at low clocks, e.g. 405 MHz SM on an H200) and at the end of every timed run; `contention(start, end)`
+    says whether the machine was shared in between."""
+    return Snapshot(time=time.time(), on_battery=on_battery(), **cpu_readings(), **(gpu_snapshot(gpu_index) or {}))
 
 
 def capture_environment() -> dict[str, Any]:

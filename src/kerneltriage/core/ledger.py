@@ -22,16 +22,13 @@ from typing import Any, Iterator, Mapping
 
 from kerneltriage.core.errors import InputError
 from kerneltriage.core.ledger_export import export
-from kerneltriage.core.ledger_schema import migrate
+from kerneltriage.core.contention import contention
+from kerneltriage.core.ledger_schema import connect
 from kerneltriage.core.measurement import Measurement
 from kerneltriage.core.verdict import VERDICTS
 
 DEFAULT_LEDGER_PATH = Path(".kerneltriage") / "ledger.db"
-# How long a writer waits for another process's commit before giving up.
-BUSY_TIMEOUT_MS = 30_000
-_EXPERIMENT_COLUMNS = "id, created, kind, label, verdict, config, environment, summary"
-# sqlite error names that mean "this file is not a database", as opposed to e.g. "locked".
-_NOT_A_DATABASE = ("SQLITE_NOTADB", "SQLITE_CORRUPT")
+_EXPERIMENT_COLUMNS = "id, created, kind, label, verdict, config, environment, summary, contended"
 
 
 def _to_json(value: Any, what: str) -> str:
@@ -62,6 +59,7 @@ class ExperimentRow:
     verdict: str | None
     measurements: int
     findings: int
+    contended: str | None = None  # why the machine was shared during it; None = quiet or unknown
 
 
 @dataclass(frozen=True)
@@ -78,6 +76,7 @@ class ExperimentRecord:
     summary: Mapping[str, Any]
     measurements: tuple[Measurement, ...]
     findings: tuple[FindingRecord, ...]
+    contended: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (measurements as `Measurement.to_dict()`)."""
@@ -87,6 +86,7 @@ class ExperimentRecord:
             "kind": self.kind,
             "label": self.label,
             "verdict": self.verdict,
+            "contended": self.contended,
             "config": self.config,
             "environment": self.environment,
             "summary": self.summary,
@@ -111,6 +111,7 @@ class Experiment:
     summary: str = "{}"
     measurements: list[Measurement] = field(default_factory=list)
     findings: list[tuple[str, str, str, str]] = field(default_factory=list)
+    contention: str | None = None  # see set_contention
     id: int | None = None  # set once committed
 
     def add_measurement(self, measurement: Measurement) -> None:
@@ -134,24 +135,20 @@ class Experiment:
         if summary is not None:
             self.summary = _to_json(dict(summary), "summary")
 
+    def set_contention(self, reason: str | None) -> None:
+        """Mark the experiment as run on a shared machine (`core.contention.contention`'s one line). Unset,
+        the ledger derives it at commit from the measurements' start and end snapshots."""
+        self.contention = reason
 
-def _open(path: Path) -> sqlite3.Connection:
-    """A connection to an up-to-date ledger at `path`, in autocommit mode (transactions are explicit)."""
-    try:
-        conn = sqlite3.connect(path, isolation_level=None)
-    except sqlite3.OperationalError as exc:
-        raise InputError(f"ledger {path}: cannot open ({exc})") from exc
-    try:
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        conn.execute("PRAGMA foreign_keys = ON")
-        migrate(conn, path)
-        conn.execute("PRAGMA journal_mode = WAL")
-    except BaseException as exc:
-        conn.close()
-        if getattr(exc, "sqlite_errorname", None) in _NOT_A_DATABASE:
-            raise InputError(f"ledger {path}: not a kerneltriage ledger ({exc})") from exc
-        raise
-    return conn
+    def measured_contention(self) -> str | None:
+        """The set reason, else the first measurement whose snapshots show a shared machine (named)."""
+        if self.contention is not None:
+            return self.contention
+        for m in self.measurements:
+            reason = contention(m.start, m.end)
+            if reason is not None:
+                return f"{m.spec.label}: {reason}"
+        return None
 
 
 class Ledger:
@@ -159,6 +156,8 @@ class Ledger:
 
     def __init__(self, path: Path | str = DEFAULT_LEDGER_PATH, create: bool = True) -> None:
         self.path = Path(path)
+        if self.path.is_dir():
+            raise InputError(f"ledger {self.path}: is a folder; expected a ledger file, e.g. {self.path / 'ledger.db'}")
         if not create and not self.path.is_file():
             why = "no such file (record an experiment first, or pass --ledger PATH)"
             raise InputError(f"ledger {self.path}: {why}")
@@ -166,7 +165,7 @@ class Ledger:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise InputError(f"ledger {self.path}: cannot create its folder ({exc})") from exc
-        self._conn = _open(self.path)
+        self._conn = connect(self.path, create)
 
     def close(self) -> None:
         """Close the connection."""
@@ -191,21 +190,24 @@ class Ledger:
         exp.id = self._commit(exp)
 
     def _commit(self, exp: Experiment) -> int:
-        self._conn.execute("BEGIN IMMEDIATE")
         try:
+            self._conn.execute("BEGIN IMMEDIATE")
             experiment_id = self._insert(exp)
             self._conn.execute("COMMIT")
-        except BaseException:
+        except BaseException as exc:
             if self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.OperationalError):  # read-only, disk full, locked past the timeout
+                raise InputError(f"ledger {self.path}: cannot record the experiment ({exc})") from exc
             raise
         return experiment_id
 
     def _insert(self, exp: Experiment) -> int:
         cursor = self._conn.execute(
-            "INSERT INTO experiments (created, kind, label, config, environment, verdict, summary)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (exp.created, exp.kind, exp.label, exp.config, exp.environment, exp.verdict, exp.summary),
+            "INSERT INTO experiments (created, kind, label, config, environment, verdict, summary, contended)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (exp.created, exp.kind, exp.label, exp.config, exp.environment, exp.verdict, exp.summary,
+             exp.measured_contention()),
         )
         experiment_id = int(cursor.lastrowid)
         self._conn.executemany(
@@ -221,6 +223,12 @@ class Ledger:
         )
         return experiment_id
 
+    def set_contended(self, experiment_id: int, reason: str) -> None:
+        """Mark a committed experiment as run on a shared machine, from a reading taken around the whole run
+        after its commit; a mark already there (from its measurements) is kept."""
+        self._conn.execute("UPDATE experiments SET contended = ? WHERE id = ? AND contended IS NULL",
+                           (reason, experiment_id))
+
     def list_experiments(self, limit: int | None = 20) -> list[ExperimentRow]:
         """The newest `limit` experiments (all when None), newest first."""
         if limit is not None and limit < 1:
@@ -228,7 +236,7 @@ class Ledger:
         rows = self._conn.execute(
             "SELECT e.id, e.created, e.kind, e.label, e.verdict,"
             " (SELECT COUNT(*) FROM measurements m WHERE m.experiment_id = e.id),"
-            " (SELECT COUNT(*) FROM findings f WHERE f.experiment_id = e.id)"
+            " (SELECT COUNT(*) FROM findings f WHERE f.experiment_id = e.id), e.contended"
             " FROM experiments e ORDER BY e.id DESC LIMIT ?",
             (-1 if limit is None else limit,),
         )
@@ -253,7 +261,7 @@ class Ledger:
         return export(self.all_experiments(), fmt)
 
     def _record(self, row: tuple[Any, ...]) -> ExperimentRecord:
-        experiment_id, created, kind, label, verdict, config, environment, summary = row
+        experiment_id, created, kind, label, verdict, config, environment, summary, contended = row
         measurements = self._conn.execute(
             "SELECT spec, samples, warmups, snapshots FROM measurements"
             " WHERE experiment_id = ? ORDER BY position",
@@ -274,6 +282,7 @@ class Ledger:
             json.loads(summary),
             tuple(_measurement_from_columns(*m) for m in measurements),
             tuple(FindingRecord(q, c, t, json.loads(p)) for q, c, t, p in findings),
+            contended,
         )
 
 

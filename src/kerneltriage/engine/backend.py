@@ -186,12 +186,18 @@ class Backend(Protocol):
         """Seconds per call of the kernel and of the stock op in isolation, per lane (chained, queued)."""
 
 
-def get_backend(name: str = "auto") -> Backend:
-    """The named backend (imported on first use: engine/ itself pulls in no framework); `auto` is torch until
-    the MLX backend lands (then MLX on a Mac)."""
+def backend_name(name: str = "auto") -> str:
+    """The backend `name` stands for (`auto` is torch until the MLX backend lands, then MLX on a Mac); an unknown
+    name is an InputError. Nothing is imported: a bad flag is refused before any framework loads."""
     name = "torch" if name == "auto" else name
     if name not in BACKENDS:
         raise InputError(f"--backend {name!r}: expected auto or one of {', '.join(BACKENDS)}")
+    return name
+
+
+def get_backend(name: str = "auto") -> Backend:
+    """The named backend (imported on first use: engine/ itself pulls in no framework)."""
+    name = backend_name(name)
     try:
         module = importlib.import_module(BACKENDS[name])
     except ImportError as exc:

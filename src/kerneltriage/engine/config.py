@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from kerneltriage.core.errors import InputError
+from kerneltriage.engine.metadata import SettingsReader, is_int
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# Positions a model may claim: 16M is 100x the longest real context; 2^31-1 (a fuzzed header) is not a model.
+MAX_CONTEXT = 1 << 24
 
 # HF `model_type` / `architectures[0]` → our architecture name.
 _HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama"}
@@ -24,8 +28,11 @@ class RopeScaling:
     original_max_position: int
 
     def __post_init__(self) -> None:
-        if self.factor <= 0 or self.low_freq_factor <= 0 or self.high_freq_factor <= self.low_freq_factor:
+        factors = (self.factor, self.low_freq_factor, self.high_freq_factor)
+        if not all(math.isfinite(f) and f > 0 for f in factors) or self.high_freq_factor <= self.low_freq_factor:
             raise ValueError(f"rope scaling: bad factors {self}")
+        if self.original_max_position <= 0:
+            raise ValueError(f"rope scaling: original_max_position={self.original_max_position}, expected > 0")
 
 
 @dataclass(frozen=True)
@@ -56,17 +63,24 @@ class ModelConfig:
         for attr in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                      "num_kv_heads", "head_dim", "max_context"):
             value = getattr(self, attr)
-            if not isinstance(value, int) or value <= 0:
+            if not is_int(value) or value <= 0:
                 raise ValueError(f"{attr}={value!r}: expected a positive integer")
+        if self.max_context > MAX_CONTEXT:
+            raise ValueError(f"max_context={self.max_context}: expected at most {MAX_CONTEXT:,} positions")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim}: rotary embedding needs an even head_dim")
-        if self.rope_theta <= 0 or self.rms_eps <= 0:
-            raise ValueError(f"rope_theta={self.rope_theta}, rms_eps={self.rms_eps}: expected positive values")
+        for attr in ("rope_theta", "rms_eps"):
+            value = getattr(self, attr)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{attr}={value!r}: expected a finite positive number")
+        self._check_token_ids()
+
+    def _check_token_ids(self) -> None:
         for tok in (*self.eos_token_ids, *(() if self.bos_token_id is None else (self.bos_token_id,))):
-            if not 0 <= tok < self.vocab_size:
-                raise ValueError(f"special token id {tok} outside the vocabulary of {self.vocab_size}")
+            if not is_int(tok) or not 0 <= tok < self.vocab_size:
+                raise ValueError(f"special token id {tok!r} outside the vocabulary of {self.vocab_size}")
 
     @property
     def q_size(self) -> int:
@@ -92,93 +106,73 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, cfg: Mapping[str, Any], name: str = "") -> "ModelConfig":
-        """Build from a Hugging Face config.json dictionary."""
+        """Build from a Hugging Face config.json dictionary; a missing or bad value is an InputError naming it."""
         model_type = cfg.get("model_type", "")
-        arch = _HF_MODEL_TYPES.get(model_type)
+        arch = _HF_MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
         if arch is None:
             raise InputError(f"config.json model_type {model_type!r}: expected one of {', '.join(_HF_MODEL_TYPES)}")
-        try:
-            heads = int(cfg["num_attention_heads"])
-            hidden = int(cfg["hidden_size"])
-            eos = cfg.get("eos_token_id")
-            return cls(
-                arch=arch,
-                vocab_size=int(cfg["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(cfg["intermediate_size"]),
-                num_layers=int(cfg["num_hidden_layers"]),
-                num_heads=heads,
-                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(cfg.get("head_dim") or hidden // heads),
-                max_context=int(cfg.get("max_position_embeddings", 4096)),
-                rope_theta=float(cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
-                rms_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-                tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
-                qk_norm=arch == "qwen3",
-                rope_scaling=_hf_rope_scaling(cfg),
-                bos_token_id=cfg.get("bos_token_id"),
-                eos_token_ids=tuple(eos if isinstance(eos, list) else ([] if eos is None else [eos])),
-                name=name,
-            )
-        except KeyError as exc:
-            raise InputError(f"config.json: missing key {exc.args[0]!r}") from None
-        except ValueError as exc:
-            raise InputError(f"config.json: {exc}") from None
+        read = SettingsReader(cfg, "config.json")
+        heads, hidden = read.size("num_attention_heads"), read.size("hidden_size")
+        return _build(
+            "config.json", arch=arch, vocab_size=read.size("vocab_size"), hidden_size=hidden,
+            intermediate_size=read.size("intermediate_size"), num_layers=read.size("num_hidden_layers"),
+            num_heads=heads, num_kv_heads=read.size("num_key_value_heads", heads),
+            head_dim=read.size("head_dim", hidden // heads), max_context=read.size("max_position_embeddings", 4096),
+            rope_theta=read.number("rope_theta", (read.mapping("rope_parameters") or {}).get("rope_theta", 10000.0)),
+            rms_eps=read.number("rms_norm_eps", 1e-5), tie_embeddings=read.flag("tie_word_embeddings"),
+            attention_bias=arch == "qwen2" or read.flag("attention_bias"), qk_norm=arch == "qwen3",
+            rope_scaling=_hf_rope_scaling(read), bos_token_id=read.token("bos_token_id"),
+            eos_token_ids=read.tokens("eos_token_id"), name=name,
+        )
 
     @classmethod
     def from_gguf(cls, meta: Mapping[str, Any], has_output_tensor: bool, name: str = "") -> "ModelConfig":
-        """Build from GGUF key/value metadata (`{arch}.block_count`, …).
+        """Build from GGUF key/value metadata (`{arch}.block_count`, …); a bad value is an InputError naming it.
 
         Llama-3 rope scaling travels in GGUF as a `rope_freqs` tensor, not as metadata: the loader applies it.
         """
         arch = meta.get("general.architecture", "")
         if arch not in ARCHITECTURES:
             raise InputError(f"GGUF general.architecture {arch!r}: expected one of {', '.join(ARCHITECTURES)}")
-
-        def get(key: str, default: Any = None) -> Any:
-            value = meta.get(f"{arch}.{key}", default)
-            if value is None:
-                raise InputError(f"GGUF metadata: missing {arch}.{key}")
-            return value
-
-        heads = int(get("attention.head_count"))
-        hidden = int(get("embedding_length"))
-        head_dim = int(meta.get(f"{arch}.attention.key_length") or get("rope.dimension_count", hidden // heads))
-        vocab = meta.get(f"{arch}.vocab_size") or meta.get("tokenizer.ggml.tokens_count")
-        eos = meta.get("tokenizer.ggml.eos_token_id")
-        try:
-            return cls(
-                arch=arch,
-                vocab_size=int(vocab if vocab is not None else get("vocab_size")),
-                hidden_size=hidden,
-                intermediate_size=int(get("feed_forward_length")),
-                num_layers=int(get("block_count")),
-                num_heads=heads,
-                num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv") or heads),
-                head_dim=head_dim,
-                max_context=int(get("context_length")),
-                rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-                rms_eps=float(get("attention.layer_norm_rms_epsilon")),
-                tie_embeddings=not has_output_tensor,
-                attention_bias=arch == "qwen2",
-                qk_norm=arch == "qwen3",
-                bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-                eos_token_ids=() if eos is None else (int(eos),),
-                name=name,
-            )
-        except ValueError as exc:
-            raise InputError(f"GGUF metadata: {exc}") from None
+        read = SettingsReader(meta, "GGUF metadata", prefix=f"{arch}.")
+        heads, hidden = read.size("attention.head_count"), read.size("embedding_length")
+        tokens = meta.get("tokenizer.ggml.tokens")
+        vocab = read.size("vocab_size", len(tokens) if isinstance(tokens, list) and tokens else None)
+        global_read = SettingsReader(meta, "GGUF metadata")
+        eos = global_read.token("tokenizer.ggml.eos_token_id")
+        return _build(
+            "GGUF metadata", arch=arch, vocab_size=vocab if vocab is not None else read.size("vocab_size"),
+            hidden_size=hidden, intermediate_size=read.size("feed_forward_length"),
+            num_layers=read.size("block_count"), num_heads=heads,
+            num_kv_heads=read.size("attention.head_count_kv", heads),
+            head_dim=read.size("attention.key_length", None) or read.size("rope.dimension_count", hidden // heads),
+            max_context=read.size("context_length"), rope_theta=read.number("rope.freq_base", 10000.0),
+            rms_eps=read.number("attention.layer_norm_rms_epsilon"), tie_embeddings=not has_output_tensor,
+            attention_bias=arch == "qwen2", qk_norm=arch == "qwen3",
+            bos_token_id=global_read.token("tokenizer.ggml.bos_token_id"),
+            eos_token_ids=() if eos is None else (eos,), name=name,
+        )
 
 
-def _hf_rope_scaling(cfg: Mapping[str, Any]) -> RopeScaling | None:
-    rs = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+def _build(what: str, **fields: Any) -> ModelConfig:
+    """A ModelConfig whose own checks (divisibility, bounds, token ids in the vocabulary) say `what` failed."""
+    try:
+        return ModelConfig(**fields)
+    except ValueError as exc:
+        raise InputError(f"{what}: {exc}") from None
+
+
+def _hf_rope_scaling(read: SettingsReader) -> RopeScaling | None:
+    rs = read.mapping("rope_scaling") or read.mapping("rope_parameters")
     if not rs or rs.get("rope_type", rs.get("type")) != "llama3":
         return None
-    return RopeScaling(
-        factor=float(rs["factor"]),
-        low_freq_factor=float(rs["low_freq_factor"]),
-        high_freq_factor=float(rs["high_freq_factor"]),
-        original_max_position=int(rs["original_max_position_embeddings"]),
-    )
-
+    scaling = SettingsReader(rs, "config.json rope_scaling")
+    try:
+        return RopeScaling(
+            factor=scaling.number("factor"),
+            low_freq_factor=scaling.number("low_freq_factor"),
+            high_freq_factor=scaling.number("high_freq_factor"),
+            original_max_position=scaling.size("original_max_position_embeddings"),
+        )
+    except ValueError as exc:
+        raise InputError(f"config.json: {exc}") from None

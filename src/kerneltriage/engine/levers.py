@@ -12,6 +12,7 @@ Backends register one applier per lever name (`backends/<name>/levers.py`); noth
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass
 
 from kerneltriage.core.errors import InputError
@@ -170,7 +171,11 @@ def changes_numerics(settings: tuple[LeverSetting, ...]) -> bool:
     return any(s.lever.numerics != "exact" for s in settings)
 
 
+HELP_WIDTH = 79  # --help stays readable at 80 columns: each entry wraps under itself, no word is cut
+
+
 def help_table() -> str:
-    """One line per lever for `--help`: how to write it, its question, what it does."""
-    width = max(len(lever.usage) for lever in TABLE)
-    return "\n".join(f"  {lever.usage:<{width}}  [{lever.question}] {lever.summary}" for lever in TABLE)
+    """One entry per lever for `--help`: how to write it, its question, what it does."""
+    return "\n".join(textwrap.fill(f"{lever.usage}  [{lever.question}] {lever.summary}", HELP_WIDTH,
+                                   initial_indent="  ", subsequent_indent="      ", break_long_words=False)
+                      for lever in TABLE)

@@ -8,6 +8,7 @@ the header is all we need to memmap every dtype the same way.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ def read_safetensors_dir(path: Path) -> tuple[dict[str, Any], dict[str, RawTenso
         _check_index(path / INDEX_NAME, weight_map, headers)
     tensors: dict[str, RawTensor] = {}
     for shard_name, (header, data_start) in headers.items():
+        _check_no_overlap(path / shard_name, header)
         mm = np.memmap(path / shard_name, dtype=np.uint8, mode="r")
         for name, entry in header.items():
             internal = names.to_internal(name, names.HF)
@@ -106,6 +108,19 @@ def _read_header(shard: Path) -> tuple[dict[str, Any], int]:
     return header, _HEADER_LEN_BYTES + header_len
 
 
+def _check_no_overlap(shard: Path, header: dict[str, Any]) -> None:
+    """No two tensors share bytes (each one's own span is checked against its shape in `_tensor`)."""
+    spans = []
+    for name, entry in header.items():
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets):
+            spans.append((offsets[0], offsets[1], name))
+    spans.sort()
+    for (_, end, name), (begin, _, other) in zip(spans, spans[1:]):
+        if begin < end:
+            raise InputError(f"{shard}: tensors {name!r} and {other!r} overlap (bytes {begin}..{end} of the data)")
+
+
 def _tensor(shard: Path, name: str, entry: dict[str, Any], mm: np.ndarray, data_start: int) -> RawTensor:
     """A zero-copy typed view of one tensor, checked against its dtype and the shard's length."""
     dtype = entry.get("dtype") if isinstance(entry, dict) else None
@@ -116,8 +131,10 @@ def _tensor(shard: Path, name: str, entry: dict[str, Any], mm: np.ndarray, data_
         begin, end = (data_start + int(o) for o in entry["data_offsets"])
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"{shard}: corrupt safetensors header entry for {name!r} ({exc!r})") from None
-    expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(_DTYPES[dtype]).itemsize
-    if end > mm.size or end - begin != expected:
+    if any(d < 0 for d in shape):
+        raise InputError(f"{shard}: tensor {name!r} has a negative dimension in its shape {shape}")
+    expected = math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize
+    if begin < data_start or end > mm.size or end - begin != expected:
         raise InputError(
             f"{shard}: tensor {name!r} bytes {begin}..{end} don't fit its shape {shape} or the file of {mm.size} bytes"
         )

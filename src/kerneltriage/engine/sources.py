@@ -9,6 +9,7 @@ from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.config import ModelConfig
 from kerneltriage.engine.presets import PRESETS, get_preset
 from kerneltriage.engine.tokenizer import Tokenizer
+from kerneltriage.engine.validate import check_tensors
 
 DEFAULT = "default"
 
@@ -38,22 +39,42 @@ def _from_preset(name: str) -> Checkpoint:
 
 
 def _from_gguf(path: Path) -> Checkpoint:
+    """Header → config → every size checked against the tensors present → tokenizer → tensors: nothing is
+    converted, cached or allocated for a file whose header does not match its tensors."""
+    from kerneltriage.engine import names
+    from kerneltriage.engine.converted import record_source
     from kerneltriage.engine.gguf_file import gguf_to_internal, read_gguf
     from kerneltriage.engine.paths import converted_dir
 
     contents = read_gguf(path)
     config = ModelConfig.from_gguf(contents.meta, "output.weight" in contents.tensors, name=path.stem)
-    tokenizer = Tokenizer.from_gguf(path, contents.meta, cache=converted_dir(path))
+    shapes = {internal: raw.shape for name, raw in contents.tensors.items()
+              if (internal := names.to_internal(name, names.GGUF)) is not None}
+    check_tensors(str(path), config, shapes, names.GGUF)
+    cache = converted_dir(path)
+    tokenizer = Tokenizer.from_gguf(path, contents.meta, cache=cache)
+    _check_vocabulary(path, tokenizer, config)
+    record_source(cache, path)
     return Checkpoint(config, gguf_to_internal(contents, config), tokenizer, source=str(path),
                       chat_template=tokenizer.chat_template)
 
 
 def _from_hf_dir(path: Path) -> Checkpoint:
+    from kerneltriage.engine import names
     from kerneltriage.engine.safetensors_dir import read_safetensors_dir
 
     hf_config, tensors = read_safetensors_dir(path)
     config = ModelConfig.from_hf(hf_config, name=path.name)
     if "lm_head" not in tensors and not config.tie_embeddings:
         config = config.replace(tie_embeddings=True)
+    check_tensors(str(path), config, {name: raw.shape for name, raw in tensors.items()}, names.HF)
     tokenizer = Tokenizer.from_hf_dir(path)
+    _check_vocabulary(path, tokenizer, config)
     return Checkpoint(config, tensors, tokenizer, source=str(path), chat_template=tokenizer.chat_template)
+
+
+def _check_vocabulary(path: Path, tokenizer: Tokenizer, config: ModelConfig) -> None:
+    """Every id the tokenizer can produce must have an embedding row (a model may have spare rows)."""
+    if tokenizer.vocab_size > config.vocab_size:
+        raise InputError(f"{path}: its tokenizer has {tokenizer.vocab_size:,} tokens but the model embeds only "
+                         f"{config.vocab_size:,}")

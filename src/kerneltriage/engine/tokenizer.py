@@ -22,6 +22,7 @@ from tokenizers import processors
 from tokenizers.decoders import DecodeStream
 
 from kerneltriage.core.errors import InputError
+from kerneltriage.engine.gguf_vocab import check_special_ids, check_vocabulary
 
 BYTE_VOCAB = 256  # ByteTokenizer: ids below this are raw UTF-8 bytes
 _GGUF_EOS_KEYS = ("eos_token_id", "eot_token_id", "eom_token_id")
@@ -75,13 +76,14 @@ class Tokenizer:
         for key in ("tokenizer.ggml.model", "tokenizer.ggml.tokens"):
             if key not in meta:
                 raise InputError(f"GGUF {path}: no tokenizer ({key} missing)")
+        check_special_ids(path, meta)
         cached = cache / "tokenizer.json" if cache is not None else None
-        if cached is not None and cached.is_file():
-            backend = tokenizers.Tokenizer.from_file(str(cached))
-        else:
+        backend = _read_cached(cached)
+        if backend is None:
+            check_vocabulary(path, meta)  # before the conversion: its errors come after seconds, from deep inside
             backend = _convert_gguf_tokenizer(path, meta)
             if cached is not None:
-                _write_atomic(cached, backend.to_str())
+                _cache_quietly(cached, backend.to_str())
         eos = [meta[f"tokenizer.ggml.{key}"] for key in _GGUF_EOS_KEYS if f"tokenizer.ggml.{key}" in meta]
         bos = meta.get("tokenizer.ggml.bos_token_id")
         return cls.from_backend(backend, str(path), bos, eos, meta.get("tokenizer.chat_template"))
@@ -204,6 +206,25 @@ def _convert_gguf_tokenizer(path: Path, meta: dict[str, Any]) -> tokenizers.Toke
     bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
     backend.post_processor = _bos_eos_processor(backend, flags, bos, eos)
     return backend
+
+
+def _read_cached(cached: Path | None) -> tokenizers.Tokenizer | None:
+    """The converted tokenizer from the cache; None when absent or unreadable (a truncated or corrupt file is
+    converted again and overwritten, not an error on every run until deleted by hand)."""
+    if cached is None or not cached.is_file():
+        return None
+    try:
+        return tokenizers.Tokenizer.from_file(str(cached))
+    except Exception:  # tokenizers raises a bare Exception for a file it cannot parse
+        return None
+
+
+def _cache_quietly(cached: Path, text: str) -> None:
+    """The cache only saves time: an unwritable cache folder means converting again next run, nothing worse."""
+    try:
+        _write_atomic(cached, text)
+    except OSError:
+        return
 
 
 def _reason(exc: Exception) -> str:

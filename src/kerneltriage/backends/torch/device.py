@@ -1,10 +1,13 @@
-"""Device and dtype choice: CUDA in bf16 when there is a GPU, else CPU in float32."""
+"""Device and dtype choice (CUDA in bf16 when there is a GPU, else CPU in float32), and whether a model fits."""
 
 from __future__ import annotations
 
 import torch
 
 from kerneltriage.core.errors import InputError
+from kerneltriage.core.units import format_bytes
+from kerneltriage.engine.config import ModelConfig
+from kerneltriage.engine.memory import estimate_memory, host_available_bytes
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -29,3 +32,21 @@ def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
         return DTYPES[name]
     except KeyError:
         raise InputError(f"--dtype {name!r}: expected one of {', '.join(DTYPES)}") from None
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free on `device` now (CUDA: the driver's free memory; CPU: the host's); None if unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return host_available_bytes()
+
+
+def check_fits(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
+    """InputError, before anything is allocated, when the model cannot fit on `device` in `dtype`."""
+    available = available_memory(device)
+    estimate = estimate_memory(config, dtype.itemsize)
+    if available is not None and estimate.total > available:
+        name = config.name or "the model"
+        raise InputError(f"{name} in {str(dtype).removeprefix('torch.')} needs about {estimate.describe()} on "
+                         f"{device}, but {format_bytes(available)} is available; try --dtype bf16, a smaller "
+                         "model or another --device")

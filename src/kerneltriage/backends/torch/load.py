@@ -7,12 +7,14 @@ import torch
 from torch import nn
 
 from kerneltriage.backends.torch.dequant import dequantize
+from kerneltriage.backends.torch.device import check_fits
 from kerneltriage.backends.torch.models import Model, model_class
 from kerneltriage.backends.torch.models.llama import RMSNorm, rope_inv_freq
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.config import ModelConfig
 from kerneltriage.engine.presets import PRESET_SEED
+from kerneltriage.engine.validate import check_tensors
 
 # internal layer suffix → attribute path inside a TransformerBlock
 _LAYER_PARAMS = {
@@ -41,6 +43,7 @@ def param_name(internal: str) -> str | None:
 def load_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Model:
     """A ready Model on `device` in `dtype` (norm weights too), weights tied where the config says so."""
     config = checkpoint.config
+    validate_before_allocating(checkpoint, device, dtype)
     model = _skeleton(config, device, dtype)
     if config.random_weights:
         _fill_random(model, device)
@@ -50,6 +53,15 @@ def load_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype)
     factors = dequantize(freq_factors, device, torch.float32) if freq_factors is not None else None
     model.inv_freq.copy_(rope_inv_freq(config, factors))
     return model.eval().requires_grad_(False)
+
+
+def validate_before_allocating(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> None:
+    """Nothing is built for sizes that disagree with the tensors present, or for a model that cannot fit on
+    the device (engine/validate.py, device.check_fits): both fail in one line instead of an OOM or a hang."""
+    if not checkpoint.config.random_weights:
+        shapes = {name: raw.shape for name, raw in checkpoint.tensors.items()}
+        check_tensors(checkpoint.source, checkpoint.config, shapes)
+    check_fits(checkpoint.config, device, dtype)
 
 
 def stock_copy(model: Model) -> Model:

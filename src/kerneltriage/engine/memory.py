@@ -1,0 +1,77 @@
+"""How much memory a model will need, from its sizes alone, before anything is allocated.
+
+weights (every parameter in the run dtype) + a KV cache (2 · layers · kv_heads · positions · head_dim
+elements) + what loading holds beside them at once (the largest weight, dequantized in float32 on its way in).
+Activations and logits depend on the run's prompt length and are left to the run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from kerneltriage.core.units import format_bytes
+from kerneltriage.engine.config import ModelConfig
+from kerneltriage.engine.validate import expected_shapes
+
+# KV positions assumed when the run's own context is not known yet: the default pp512 + tg128 workloads
+# and chat turns fit; a longer run allocates its cache later, and fails there if it does not fit.
+ESTIMATE_CONTEXT = 4096
+FLOAT32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes a model needs on its device, by part."""
+
+    weights: int
+    kv_cache: int
+    transient: int
+    positions: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.transient
+
+    def describe(self) -> str:
+        """'34.3 GB (weights 32.1 GB + KV cache for 4,096 positions 2.15 GB + 2.10 GB while loading)'."""
+        return (f"{format_bytes(self.total)} (weights {format_bytes(self.weights)} + KV cache for "
+                f"{self.positions:,} positions {format_bytes(self.kv_cache)} + {format_bytes(self.transient)} "
+                f"while loading)")
+
+
+def estimate_memory(config: ModelConfig, dtype_bytes: int, positions: int | None = None) -> MemoryEstimate:
+    """The estimate for `config` in a dtype of `dtype_bytes` per element, its cache holding `positions`
+    (default: the model's context, at most ESTIMATE_CONTEXT)."""
+    if dtype_bytes <= 0:
+        raise ValueError(f"dtype_bytes={dtype_bytes}: expected a positive byte count")
+    positions = min(config.max_context, ESTIMATE_CONTEXT) if positions is None else positions
+    sizes = [math.prod(shape) for shape in expected_shapes(config).values()]
+    kv = 2 * config.num_layers * config.num_kv_heads * positions * config.head_dim * dtype_bytes
+    return MemoryEstimate(sum(sizes) * dtype_bytes, kv, max(sizes) * FLOAT32_BYTES, positions)
+
+
+_MEMINFO = Path("/proc/meminfo")
+# cgroup v2: a container's limit and use; "max" means no limit.
+_CGROUP_MAX, _CGROUP_CURRENT = Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory.current")
+
+
+def host_available_bytes() -> int | None:
+    """Memory a new allocation can take on this machine: MemAvailable, capped by a container's cgroup limit;
+    None where neither can be read (not Linux)."""
+    available = None
+    try:
+        for line in _MEMINFO.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024  # reported in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = _CGROUP_MAX.read_text().strip()
+        if limit != "max":
+            room = int(limit) - int(_CGROUP_CURRENT.read_text())
+            available = room if available is None else min(available, room)
+    except (OSError, ValueError):
+        pass
+    return available
