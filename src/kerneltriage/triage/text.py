@@ -47,10 +47,14 @@ def _where(report: Report) -> Iterable[RenderableType]:
         table.add_row(name, _pct(pre.shares.get(name, 0.0)), _pct(dec.shares.get(name, 0.0)),
                       "—" if seconds is None else format_duration(seconds))
     yield table
+    step = f"decode step: {format_duration(dec.step_seconds)} measured, "
+    if report.config["device"].startswith("cpu"):  # no kernels, launches or runtime syncs to count on the CPU
+        yield step + f"op time {format_duration(dec.device_seconds)} (the rest {_pct(dec.gap_share)}: Python, framework)"
+        return
     host = "—" if dec.host_seconds is None else format_duration(dec.host_seconds)
-    yield (f"decode step: {format_duration(dec.step_seconds)} measured, device busy {format_duration(dec.device_seconds)} "
-           f"(idle {_pct(dec.gap_share)}), host issue {host}; per token {dec.kernels_per_token:.0f} kernels, "
-           f"{dec.launches_per_token:.0f} launches, {dec.sync_calls_per_token:.1f} runtime syncs")
+    yield (step + f"device busy {format_duration(dec.device_seconds)} (idle {_pct(dec.gap_share)}), host issue {host}; "
+           f"per token {dec.kernels_per_token:.0f} kernels, {dec.launches_per_token:.0f} launches, "
+           f"{dec.sync_calls_per_token:.1f} runtime syncs")
 
 
 def _findings(report: Report, question: str) -> Iterable[RenderableType]:
