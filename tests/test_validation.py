@@ -3,9 +3,12 @@ estimate against the device, config.json's values — each case the issue found,
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -174,6 +177,37 @@ def test_a_model_that_cannot_fit_fails_before_allocating(monkeypatch: pytest.Mon
     with pytest.raises(InputError, match=r"llama3-8b in float32 needs about 35.3 GB .* but 16.0 GB is available"):
         build_runner(load_checkpoint("llama3-8b"), torch.device("cpu"), torch.float32)
     assert time.perf_counter() - started < FAST_S
+
+
+def _flags(**values: str) -> argparse.Namespace:
+    return argparse.Namespace(**{"backend": "auto", "device": "auto", "dtype": "auto", **values})
+
+
+def test_the_cli_refuses_a_model_too_big_for_the_cpu_before_importing_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kerneltriage.cli import common
+    from kerneltriage.engine import memory
+
+    monkeypatch.setattr(memory, "host_available_bytes", lambda: 16 * 10**9)
+    checkpoint = load_checkpoint("llama3-8b")
+    with pytest.raises(InputError, match=r"llama3-8b in float32 needs about 35.3 GB .* but 16.0 GB is available"):
+        common.refuse_early(checkpoint, _flags(device="cpu"))
+    with pytest.raises(InputError, match=r"in bfloat16 needs about 18.7 GB"):  # the dtype flag is read, aliases too
+        common.refuse_early(checkpoint, _flags(device="cpu", dtype="bf16"))
+    monkeypatch.setattr(common, "_nvidia_device_nodes", lambda: True)
+    common.refuse_early(checkpoint, _flags())  # auto goes to the GPU: the host's memory is not the limit
+    monkeypatch.setattr(common, "_nvidia_device_nodes", lambda: False)
+    with pytest.raises(InputError, match="in float32 needs about"):
+        common.refuse_early(checkpoint, _flags())
+    with pytest.raises(InputError, match=r"^--device cuda:1: no CUDA device on this machine"):
+        common.refuse_early(load_checkpoint("smollm2-135m"), _flags(device="cuda:1"))
+
+
+def test_the_early_refusal_imports_no_framework() -> None:
+    code = ("import sys\nfrom argparse import Namespace\nfrom kerneltriage.cli.common import refuse_early\n"
+            "from kerneltriage.engine.sources import load_checkpoint\n"
+            "refuse_early(load_checkpoint('smollm2-135m'), Namespace(backend='auto', device='cpu', dtype='auto'))\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_a_truncated_cached_tokenizer_is_rebuilt(tiny: Path) -> None:

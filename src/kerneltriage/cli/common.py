@@ -4,8 +4,10 @@ parsed into one RunConfig before anything loads, then one runner built through t
 from __future__ import annotations
 
 import argparse
+import platform
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from kerneltriage.core.errors import InputError
@@ -57,10 +59,37 @@ def run_config(args: argparse.Namespace, speculate: bool = True) -> RunConfig:
     return RunConfig(levers, parse_speculation(args.spec, args.spec_depth) if speculate else None)
 
 
+def _nvidia_device_nodes() -> bool | None:
+    """Whether this Linux host has an NVIDIA GPU device node; None where that cannot be told without CUDA itself
+    (not Linux, or WSL, whose GPUs appear as /dev/dxg)."""
+    if platform.system() != "Linux" or Path("/dev/dxg").exists():
+        return None
+    return any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+def refuse_early(checkpoint: Any, args: argparse.Namespace) -> None:
+    """The torch backend's device and memory checks, made before torch is imported (seconds on a small machine):
+    `--device cuda` on a host with no NVIDIA device, or a model that cannot fit in the host's memory on the CPU,
+    is refused at once. The backend checks again at load, exactly."""
+    from kerneltriage.engine.backend import backend_name
+    from kerneltriage.engine.memory import DTYPE_BYTES, DTYPE_NAMES, host_available_bytes, require_fits
+
+    if backend_name(args.backend) != "torch":
+        return
+    gpu = _nvidia_device_nodes()
+    if args.device.startswith("cuda") and gpu is False:
+        raise InputError(f"--device {args.device}: no CUDA device on this machine (no NVIDIA device in /dev)")
+    on_cpu = args.device == "cpu" or (args.device == "auto" and gpu is False)
+    dtype = "float32" if args.dtype == "auto" else DTYPE_NAMES.get(args.dtype)
+    if on_cpu and dtype is not None:
+        require_fits(checkpoint.config, dtype, DTYPE_BYTES[dtype], "cpu", host_available_bytes())
+
+
 def build_runner(checkpoint: Any, args: argparse.Namespace, config: RunConfig) -> Any:
     """Backend, device and dtype from the flags; load the weights there with `config`; say how long that took."""
     from kerneltriage.engine.backend import get_backend
 
+    refuse_early(checkpoint, args)
     backend = get_backend(args.backend)
     device = backend.resolve_device(args.device)
     dtype = backend.resolve_dtype(args.dtype, device)

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from kerneltriage.core.errors import InputError
 from kerneltriage.core.units import format_bytes
 from kerneltriage.engine.config import ModelConfig
 from kerneltriage.engine.validate import expected_shapes
@@ -19,6 +20,10 @@ from kerneltriage.engine.validate import expected_shapes
 # and chat turns fit; a longer run allocates its cache later, and fails there if it does not fit.
 ESTIMATE_CONTEXT = 4096
 FLOAT32_BYTES = 4
+# The --dtype names every backend accepts, the dtype each stands for, and its bytes per element.
+DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+               "float16": "float16", "fp16": "float16"}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,15 @@ def estimate_memory(config: ModelConfig, dtype_bytes: int, positions: int | None
     sizes = [math.prod(shape) for shape in expected_shapes(config).values()]
     kv = 2 * config.num_layers * config.num_kv_heads * positions * config.head_dim * dtype_bytes
     return MemoryEstimate(sum(sizes) * dtype_bytes, kv, max(sizes) * FLOAT32_BYTES, positions)
+
+
+def require_fits(config: ModelConfig, dtype: str, dtype_bytes: int, device: str, available: int | None) -> None:
+    """InputError when `config` in `dtype` cannot fit in the `available` bytes of `device` (unknown: no check)."""
+    estimate = estimate_memory(config, dtype_bytes)
+    if available is not None and estimate.total > available:
+        raise InputError(f"{config.name or 'the model'} in {dtype} needs about {estimate.describe()} on {device}, "
+                         f"but {format_bytes(available)} is available; try --dtype bf16, a smaller model or "
+                         "another --device")
 
 
 _MEMINFO = Path("/proc/meminfo")

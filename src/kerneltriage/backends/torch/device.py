@@ -5,12 +5,10 @@ from __future__ import annotations
 import torch
 
 from kerneltriage.core.errors import InputError
-from kerneltriage.core.units import format_bytes
 from kerneltriage.engine.config import ModelConfig
-from kerneltriage.engine.memory import estimate_memory, host_available_bytes
+from kerneltriage.engine.memory import DTYPE_NAMES, host_available_bytes, require_fits
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {alias: getattr(torch, name) for alias, name in DTYPE_NAMES.items()}
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -43,10 +41,4 @@ def available_memory(device: torch.device) -> int | None:
 
 def check_fits(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
     """InputError, before anything is allocated, when the model cannot fit on `device` in `dtype`."""
-    available = available_memory(device)
-    estimate = estimate_memory(config, dtype.itemsize)
-    if available is not None and estimate.total > available:
-        name = config.name or "the model"
-        raise InputError(f"{name} in {str(dtype).removeprefix('torch.')} needs about {estimate.describe()} on "
-                         f"{device}, but {format_bytes(available)} is available; try --dtype bf16, a smaller "
-                         "model or another --device")
+    require_fits(config, str(dtype).removeprefix("torch."), dtype.itemsize, str(device), available_memory(device))
