@@ -8,18 +8,16 @@ are used only when measuring fails, and are labelled `source: "datasheet"` (and 
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import tempfile
-from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from kerneltriage.backends.torch.timing import synced_clock
+from kerneltriage.core import ceilings_cache
+from kerneltriage.core.ceilings_cache import CACHE_FILE
 from kerneltriage.core.environment import cpu_model
 from kerneltriage.core.roofline import Ceilings
 from kerneltriage.engine.paths import cache_dir
@@ -38,7 +36,6 @@ class Probe:
 # CUDA: 1 GiB buffer (≫ 50 MB L2), 8192³ bf16 (~1.1 TFLOP); CPU: 64 MiB (≫ L3), 1024³ float32 — < 3 s total.
 PROBES = {"cuda": Probe(1 << 30, 8192, 10, 10), "cpu": Probe(64 << 20, 1024, 2, 5)}
 WARMUPS = 2
-CACHE_FILE = "ceilings.json"
 # Vendor datasheet peaks (dense, no sparsity), matched by a substring of the device name.
 DATASHEET = {"H200": {"bandwidth": 4.8e12, "bfloat16": 989e12, "float16": 989e12, "float32": 67e12},
              "H100": {"bandwidth": 3.35e12, "bfloat16": 989e12, "float16": 989e12, "float32": 67e12}}
@@ -112,33 +109,6 @@ def datasheet(device: torch.device, dtype: torch.dtype) -> Ceilings | None:
     return None
 
 
-def _read_cache(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError):
-        return {}  # unreadable or corrupt: measure again and overwrite
-    return data if isinstance(data, dict) else {}
-
-
-def _write_cache(path: Path, data: dict) -> None:
-    """Atomically: a concurrent reader sees the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ceilings-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
-
-
-def _from_entry(entry: dict) -> Ceilings | None:
-    try:
-        return Ceilings(float(entry["bandwidth"]), float(entry["matmul_flops"]), str(entry["source"]),
-                        str(entry.get("device", "")), str(entry.get("dtype", "")))
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
 def get_ceilings(device: torch.device, dtype: torch.dtype, refresh: bool = False,
                  path: Path | None = None) -> Ceilings:
     """Cached ceilings for (device, torch version, dtype), measured on a miss or when `refresh`.
@@ -148,8 +118,7 @@ def get_ceilings(device: torch.device, dtype: torch.dtype, refresh: bool = False
     """
     path = path or cache_dir() / CACHE_FILE
     key = cache_key(device, dtype)
-    data = _read_cache(path)
-    cached = None if refresh else _from_entry(data.get(key, {}))
+    cached = None if refresh else ceilings_cache.lookup(path, key)
     if cached is not None:
         return cached
     try:
@@ -159,7 +128,6 @@ def get_ceilings(device: torch.device, dtype: torch.dtype, refresh: bool = False
         if fallback is None:
             raise
         return fallback
-    data[key] = asdict(ceilings) | {"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    _write_cache(path, data)
+    ceilings_cache.store(path, key, ceilings)
     return ceilings
 
