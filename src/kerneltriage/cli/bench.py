@@ -62,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("-d", "--n-depth", dest="depths", type=_sizes, default=[0], help="context depths (default: 0)")
     add("-r", "--repetitions", dest="repeats", type=_positive, default=5, help="timed samples per test (default: 5)")
     add("--warmups", type=_count, default=1, help="untimed runs of each engine before its samples (default: 1)")
-    parser.add_argument("--peers", default="", help="comma-separated: hf, hf-static, llama.cpp")
+    parser.add_argument("--peers", default="", help="comma-separated: hf, hf-static, llama.cpp, mlx-lm")
     parser.add_argument("--llama-bench", type=Path, help="a llama-bench binary for the llama.cpp peer")
     parser.add_argument("--output", choices=OUTPUTS, default="table", help="table | md | csv | json (default: table)")
     parser.add_argument("--ledger", type=Path, default=DEFAULT_LEDGER_PATH, help="ledger file (default: %(default)s)")
@@ -139,7 +139,7 @@ def _rows(runner: Any, tests: list, results: list, peer_runs: list, ceilings: An
     from kerneltriage.bench.table import build_rows, floor_of
 
     traffic = _traffic(runner)
-    floors = {(r.engine, r.test): floor_of(r.test, runner.config, traffic[r.engine == "llama.cpp"], ceilings)
+    floors = {(r.engine, r.test): floor_of(r.test, runner.config, traffic[_reads_stored(runner, r.engine)], ceilings)
               for r in results}
     missing = [(p.name, name, why) for p in peer_runs for name, why in p.skipped.items()]
     missing += [(p.name, "all tests", p.unavailable) for p in peer_runs if p.unavailable]
@@ -149,8 +149,15 @@ def _rows(runner: Any, tests: list, results: list, peer_runs: list, ceilings: An
     return sorted(rows, key=lambda r: (order.get(r.test, len(order)), engines.index(r.engine)))
 
 
+def _reads_stored(runner: Any, engine: str) -> bool:
+    """Whether an engine reads the weights at their stored precision: llama.cpp and mlx-lm do, and kerneltriage with
+    MLX's `quantized` (it keeps Q4_0/Q4_1/Q8_0 blocks; any other type it dequantizes makes this floor a lower bound)."""
+    return engine in ("llama.cpp", "mlx-lm") or (engine == "kerneltriage" and runner.run_config.has("quantized"))
+
+
 def _traffic(runner: Any) -> tuple:
-    """(torch engines: weights at the run dtype, llama.cpp: weights at their stored precision)."""
+    """(engines holding dequantized weights: at the run dtype; engines reading the stored blocks: at their stored
+    precision)."""
     from kerneltriage.bench.table import KV_BYTES_LLAMA_CPP, Traffic
     from kerneltriage.core.roofline import engine_weight_bytes
 
@@ -188,7 +195,7 @@ def render(report: dict, output: str) -> str:
         console.print(f"ceilings ({ceilings['source']}): copy {format_bandwidth(ceilings['bandwidth'])}, "
                       f"matmul {format_flops(ceilings['matmul_flops'])} ({ceilings['dtype']}) · "
                       f"ledger experiment #{report['experiment_id']}", highlight=False)
-        if not report["config"]["device"].startswith("cuda"):
+        if report["config"]["device"] == "cpu":
             console.print("peak memory on CPU: the process's peak resident set, every engine loaded", highlight=False)
     return captured.get()
 
