@@ -77,6 +77,8 @@ def test_quantized_keeps_the_blocks_and_reads_fewer_bytes() -> None:
     assert model.lm_head.weight is model.embed_tokens.weight and model.embed_tokens.bits == 8
     assert model.layers[0].mlp.down_proj.bits == 4
     assert levered.held_bytes() < stock.held_bytes() / 3
+    # nothing dequantized is held for copies' sake: a copy makes its stock weights again from the blocks
+    assert callable(model.stock.weights["layers.0.mlp.down_proj.weight"])
     copy = BACKEND.copy(levered, RunConfig())  # a stock copy is dequantized again, from the kept stock weights
     assert not isinstance(copy.model.lm_head, QuantizedLinear) and greedy(copy) == greedy(stock)
 

@@ -5,6 +5,7 @@ keeps GGUF blocks instead (`quant.py`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import mlx.core as mx
 import numpy as np
@@ -70,9 +71,11 @@ def stock_copy(model: Model, dtype: mx.Dtype | None = None) -> Model:
 @dataclass(frozen=True)
 class StockWeights:
     """The stock parameters of a model whose modules a lever replaced (`Model.stock`): what `stock_copy` uses.
+    Each is an array, or a function that makes it on demand (a fresh lazy graph per copy, so a weight a lever
+    stopped holding, such as a dequantized matrix `quantized` keeps as blocks, is not held for copies' sake).
     (A plain object: an MLX Module would take a dict attribute for a tree of parameters.)"""
 
-    weights: dict[str, mx.array]
+    weights: dict[str, mx.array | Callable[[], mx.array]]
 
 
 def stock_weights(model: Model) -> dict[str, mx.array]:
@@ -80,16 +83,17 @@ def stock_weights(model: Model) -> dict[str, mx.array]:
     modules (`model.stock`), else the parameters a stock skeleton has."""
     kept = getattr(model, "stock", None)
     if kept is not None:
-        return dict(kept.weights)
+        return {name: value() if callable(value) else value for name, value in kept.weights.items()}
     names = dict(tree_flatten(model_class(model.config.arch)(model.config).parameters()))
     current = dict(tree_flatten(model.parameters()))
     return {name: current[name] for name in names}
 
 
-def keep_stock_weights(model: Model) -> None:
-    """Record the stock parameters before a lever replaces modules (once: the first lever's view is the stock one)."""
+def keep_stock_weights(model: Model, made: dict[str, Callable[[], mx.array]] | None = None) -> None:
+    """Record the stock parameters before a lever replaces modules (once: the first lever's view is the stock one);
+    `made`: the ones to make on demand instead of holding."""
     if getattr(model, "stock", None) is None:
-        model.stock = StockWeights(stock_weights(model))
+        model.stock = StockWeights(stock_weights(model) | (made or {}))
 
 
 def _fill(model: Model, weights: dict[str, mx.array]) -> None:
@@ -134,5 +138,5 @@ def _random(model: Model, dtype: mx.Dtype) -> dict[str, mx.array]:
             weights[name] = mx.zeros(shape, dtype=dtype)
         else:
             key, sub = mx.random.split(key)
-            weights[name] = (INIT_STD * mx.random.normal(shape, key=sub)).astype(dtype)
+            weights[name] = INIT_STD * mx.random.normal(shape, dtype=dtype, key=sub)  # no float32 copy of a bf16 model
     return weights

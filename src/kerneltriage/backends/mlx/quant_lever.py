@@ -11,11 +11,13 @@ bits of their 11): that would approximate, so it is refused there.
 
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
 
 from kerneltriage.backends.mlx import counting
 from kerneltriage.backends.mlx.load import keep_stock_weights, param_name
-from kerneltriage.backends.mlx.quant import NATIVE_TYPES, QuantizedEmbedding, QuantizedLinear, pack
+from kerneltriage.backends.mlx.quant import NATIVE_TYPES, QuantizedEmbedding, QuantizedLinear, dequantize, pack
 from kerneltriage.backends.mlx.runner import Runner
 from kerneltriage.core.errors import InputError
 
@@ -61,12 +63,16 @@ def quantized(runner: Runner, value: str | None = None) -> None:
     native = {name: raw for name, raw in runner.checkpoint.tensors.items()
               if raw.qtype in NATIVE_TYPES and param_name(name) is not None}
     _check(runner, native)
-    model = runner.model
-    keep_stock_weights(model)
-    for internal, raw in native.items():
-        parent, name = _owner(model, param_name(internal))
+    model, blocks = runner.model, {param_name(name): pack(raw) for name, raw in native.items()}
+    # the stock (dequantized) weights are made again from the blocks for a copy, never held beside them
+    made = {path: functools.partial(dequantize, packed, runner.mx_dtype) for path, packed in blocks.items()}
+    if model.config.tie_embeddings and "embed_tokens.weight" in made:
+        made["lm_head.weight"] = made["embed_tokens.weight"]
+    keep_stock_weights(model, made)
+    for path, packed in blocks.items():
+        parent, name = _owner(model, path)
         cls = CountedEmbedding if name == "embed_tokens" else CountedLinear
-        module = cls.of(pack(raw), runner.mx_dtype, parent[name].get("bias"))
+        module = cls.of(packed, runner.mx_dtype, parent[name].get("bias"))
         module.runner = runner
         parent[name] = module
     if model.config.tie_embeddings and isinstance(model.embed_tokens, QuantizedEmbedding):
