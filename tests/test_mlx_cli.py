@@ -96,3 +96,16 @@ def test_mlx_lm_emits_our_greedy_tokens_on_the_same_blocks(arch: str) -> None:
 def test_mlx_lm_has_nothing_to_load_from_a_preset() -> None:
     runner = mlx_runner(tiny_checkpoint("llama", random_weights=True))
     assert open_peer("mlx-lm", runner, [], Settings(1)).unavailable == "a preset has no weights for mlx-lm to load"
+
+
+def test_triage_tables_name_mlxs_kernels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The gate table's columns are MLX's (its fused kernel here, on Metal, on CUDA), the sweep table says each
+    device's quantized-matmul family by M, in the text and in the HTML report."""
+    page = tmp_path / "r.html"
+    argv = ["triage", "--model", "tiny", *MLX, "--levers", "quantized,last_logits,packed_qkv,packed_gate_up,one_sync",
+            "-p", "8", "-n", "4", "--html", str(page), "--ledger", str(tmp_path / "l.db")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "fused on metal" in out and "fused here (cpu)" in out and "flash" not in out
+    assert "kernel family by M" in out and "cpu qmm_t" in out and "metal applegpu_g15s" in out
+    assert "fused on metal" in page.read_text()
