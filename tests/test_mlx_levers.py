@@ -133,3 +133,16 @@ def test_a_custom_kernel_runs_at_its_seam_and_counts() -> None:
 def test_a_metal_kernel_is_refused_where_mlx_has_no_metal() -> None:
     with pytest.raises(InputError, match="does not run on MLX's cpu device here .*No Metal back-end"):
         mlx_runner(tiny_checkpoint(), f"kernel={__name__}:METAL")
+
+
+def test_a_prefill_is_queued_when_it_returns() -> None:
+    """MLX is lazy: a prefill timed between synchronized clocks must time the work, not the graph's building (the
+    harness reads the first token after it: that read must be nearly free)."""
+    from kerneltriage.bench.harness import prefill_sample
+    from kerneltriage.bench.workloads import Tokens
+
+    runner = mlx_runner(tiny_checkpoint("llama", max_context=512))
+    runner.reset_cache(300)
+    prefill_sample(runner, Tokens((), tuple(range(1, 257))))  # warm-up
+    sample = prefill_sample(runner, Tokens((), tuple(range(1, 257))))
+    assert sample.timed > 0.5 * sample.first_token

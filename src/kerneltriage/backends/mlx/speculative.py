@@ -33,7 +33,9 @@ def draft_tokens(model: Model, feed: list[int], start: int, k: int, sampler: Mlx
             probs.append(mx.softmax(filter_logits(logits, sampler.params), axis=-1))
             step = sample_probs(probs[-1], sampler.next_key()).astype(mx.int32).reshape(1, 1)
         tokens.append(step.reshape(1))
-    return Draft(mx.concatenate(tokens), mx.concatenate(probs) if probs else None)
+    draft = Draft(mx.concatenate(tokens), mx.concatenate(probs) if probs else None)
+    mx.async_eval(draft.tokens, *([draft.probs] if probs else []))  # queued now: the decoder times the draft apart
+    return draft
 
 
 class _LayerPrefixCache(KVCache):
