@@ -223,6 +223,9 @@ class FakeBackend:
     def ceilings(self, device: str, dtype: str, refresh: bool = False) -> Ceilings:
         return Ceilings(1e11, 1e12, "measured", "fake", dtype)
 
+    def ceilings_key(self, device: str, dtype: str) -> str:
+        return f"fake {device} | {dtype}"
+
     def profile(self, runner: FakeRunner, phase: str, prefix: Sequence[int], tokens: Any) -> PhaseProfile:
         step = runner.prefill_seconds * len(tokens) if phase == "prefill" else runner.decode_seconds
         classes = {name: share * step for name, share in self.classes.items()}

@@ -277,7 +277,7 @@ def test_cli_table_and_markdown(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
     ("argv", "expected"),
     [(("--b", "levers=warp_drive"), "unknown lever"), (("--b", "graphs"), "key=value"),
      (("--b", "levers=last_logits", "-r", "1"), "≥ 2"), (("--b", "levers=graphs"), "needs a CUDA device"),
-     (("--b", "levers=last_logits", "--backend", "mlx"), "--backend 'mlx'")],
+     (("--b", "levers=last_logits", "--backend", "jax"), "--backend 'jax'")],
 )
 def test_cli_bad_input_exits_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                argv: tuple[str, ...], expected: str) -> None:

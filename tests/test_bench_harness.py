@@ -19,6 +19,7 @@ from kerneltriage.bench import harness
 from kerneltriage.bench.harness import (KerneltriageEngine, Sample, Settings, decode_sample, run_interleaved, run_test,
                                         run_tests)
 from kerneltriage.bench.workloads import Test
+from kerneltriage.core import ceilings_cache
 from kerneltriage.core.roofline import Ceilings
 from kerneltriage.engine.configuration import RunConfig
 
@@ -229,7 +230,7 @@ def test_synced_clock_waits_for_a_cuda_kernel() -> None:
 def test_ceilings_are_measured_once_then_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "ceilings.json"
     cpu = torch.device("cpu")
-    monkeypatch.setattr(ceilings_mod, "contention", lambda start, end: None)  # quiet: see test_ceilings_load.py
+    monkeypatch.setattr(ceilings_cache, "contention", lambda start, end: None)  # quiet: see test_ceilings_load.py
     started = time.perf_counter()
     first = ceilings_mod.get_ceilings(cpu, torch.float32, path=path)
     assert time.perf_counter() - started < 2 * 3.0  # 3 s budget, doubled for a shared 2-core machine

@@ -152,3 +152,23 @@ def test_ceilings_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["ceilings", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "20.0 GB/s" in out and "100 GFLOP/s (float32)" in out and "measured" in out
+
+
+def test_a_rate_above_the_roofline_measures_the_ceilings_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Ceilings 1000× too low (cached on a busy machine) put every row far above 100%: bench measures them again,
+    says so, and the rows are judged against the new ones."""
+    asked: list[bool] = []
+
+    def ceilings(device: object, dtype: object, refresh: bool = False) -> Ceilings:
+        asked.append(refresh)
+        return CEILINGS if refresh else Ceilings(20e6, 100e6, "measured", "cpu test", "float32")
+    monkeypatch.setattr(ceilings_mod, "get_ceilings", ceilings)
+    argv = ["bench", "--model", "tiny", "-p", "8", "-n", "4", "-r", "2", "--device", "cpu", "--output", "json"]
+    assert main([*argv, "--ledger", str(tmp_path / "l.db")]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert asked == [False, True]
+    assert "ran above 100% of the cached ceilings' roofline: the ceilings were measured again" in captured.err
+    assert report["config"]["ceilings"]["bandwidth"] == CEILINGS.bandwidth
+    assert all(0 < row["roofline_pct"] <= 100 for row in report["rows"])

@@ -91,9 +91,9 @@ def test_table_output_has_every_section(tmp_path: Path, capsys: pytest.CaptureFi
     (["-d", "200"], "context"),
     (["--spec", "bogus"], "--spec"),
     (["--html", "/no/such/folder/r.html"], "--html"),
-    (["--levers", "warp_speed"], "unknown lever 'warp_speed'; expected some of packed_qkv"),
+    (["--levers", "warp_speed"], "unknown lever 'warp_speed'; expected some of quantized, packed_qkv"),
     (["--levers", "graphs"], "--levers graphs: needs a CUDA device"),
-    (["--backend", "mlx"], "--backend 'mlx'"),
+    (["--backend", "jax"], "--backend 'jax'"),
 ])
 def test_bad_input_is_a_one_line_error(args: list[str], needle: str, tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:

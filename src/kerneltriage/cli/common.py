@@ -30,8 +30,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """--model/--backend/--device/--dtype: which weights, run where and how."""
     add = parser.add_argument
     add("--model", default="default", help="default | preset | FILE.gguf | HF folder (default: %(default)s)")
-    add("--backend", default="auto", help="auto | torch (default: auto = torch; mlx arrives with its backend)")
-    add("--device", default="auto", help="auto | cuda | cuda:N | cpu (default: auto = cuda if visible)")
+    add("--backend", default="auto", help="auto | torch | mlx (default: auto = mlx on a Mac, torch elsewhere)")
+    add("--device", default="auto", help="auto | cuda | cuda:N | cpu; mlx: gpu | metal | cuda | cpu "
+                                        "(default: auto = the GPU if visible)")
     add("--dtype", default="auto", help="auto (bf16 on cuda, float32 on cpu) | float32 | bf16 | fp16")
 
 

@@ -1,6 +1,6 @@
 """The backend protocol: what `bench/` and `triage/` may ask of an engine, whatever framework runs it.
 
-A backend (torch today, mlx next) builds runners from a checkpoint and a `RunConfig`, and answers triage's
+A backend (torch, mlx) builds runners from a checkpoint and a `RunConfig`, and answers triage's
 probes with plain records (`engine/probes.py`). A runner holds one model with its levers and cache, and
 exposes tokens in and out, a synchronized clock and logits on the host. The decode loops
 (`engine/decoding.py`) and speculative decoding (`engine/speculative/`) are written against `Steps`, the part
@@ -10,6 +10,8 @@ of a runner the token loop needs; device arrays (logits, tokens) pass through th
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence
 
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
     from kerneltriage.engine.sampling import SamplingParams
     from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
 
-BACKENDS = {"torch": "kerneltriage.backends.torch.backend"}
+BACKENDS = {"torch": "kerneltriage.backends.torch.backend", "mlx": "kerneltriage.backends.mlx.backend"}
 Array = Any  # a backend's device array (torch.Tensor, mx.array): opaque to the engine
 
 
@@ -87,7 +89,7 @@ class Runner(Steps, Protocol):
     checkpoint: "Checkpoint"
     run_config: "RunConfig"
     backend: str
-    device: str  # "cuda:0", "cpu"
+    device: str  # torch: "cuda:0", "cpu"; MLX: "gpu", "cpu"
     device_type: str  # "cuda", "cpu", "metal"
     dtype: str  # "bfloat16", "float32"
     dtype_bytes: int
@@ -160,6 +162,9 @@ class Backend(Protocol):
 
     def ceilings(self, device: str, dtype: str, refresh: bool = False) -> Any: ...
 
+    def ceilings_key(self, device: str, dtype: str) -> str:
+        """What this backend's cached ceilings for (device, dtype) are valid for: their key in the cache."""
+
     def profile(self, runner: Runner, phase: str, prefix: Sequence[int], tokens: Sequence[int] | int
                 ) -> "PhaseProfile":
         """One profiled window of prefill (`tokens` the prompt) or decode (`tokens` steps)."""
@@ -186,10 +191,15 @@ class Backend(Protocol):
         """Seconds per call of the kernel and of the stock op in isolation, per lane (chained, queued)."""
 
 
+def auto_backend() -> str:
+    """MLX on a Mac where it is installed (Metal is its home), torch elsewhere."""
+    return "mlx" if sys.platform == "darwin" and importlib.util.find_spec("mlx") is not None else "torch"
+
+
 def backend_name(name: str = "auto") -> str:
-    """The backend `name` stands for (`auto` is torch until the MLX backend lands, then MLX on a Mac); an unknown
-    name is an InputError. Nothing is imported: a bad flag is refused before any framework loads."""
-    name = "torch" if name == "auto" else name
+    """The backend `name` stands for (`auto`: MLX on a Mac where it is installed, torch elsewhere); an unknown
+    name is an InputError. No framework is imported: a bad flag is refused before any framework loads."""
+    name = auto_backend() if name == "auto" else name
     if name not in BACKENDS:
         raise InputError(f"--backend {name!r}: expected auto or one of {', '.join(BACKENDS)}")
     return name

@@ -29,6 +29,8 @@ PHASES = ("prefill", "decode")
 SEAMS = ("norm", "add_norm", "qkv", "attn.decode", "attn.prefill", "o_proj", "gate_up", "down", "lm_head",
          "linear.gemv")
 KERNEL_REF = re.compile(r"^(?:[\w./-]+\.py|[A-Za-z_][\w.]*):[A-Za-z_]\w*$")  # FILE.py:NAME or pkg.module:NAME
+DEVICES = ("cuda", "cpu", "metal")  # device types: torch's CUDA and CPU; MLX's Metal, CUDA and CPU
+BOTH = ("torch", "mlx")  # levers with an applier on each backend
 
 
 @dataclass(frozen=True)
@@ -74,11 +76,17 @@ class Lever:
 
 
 TABLE: tuple[Lever, ...] = (
-    # model stage: changes to the model's modules, innermost first (sdpa_fold before sdpa_pad pads what it folds)
+    # model stage: changes to the model's modules, innermost first (sdpa_fold before sdpa_pad pads what it folds;
+    # quantized before the packed levers, which then stack the blocks)
+    # quantized: the same values as the dequantized stock weights (scale·q + bias rounds once, as llama.cpp's
+    # dequantization does), summed in another order: it reorders, it does not approximate (backends/mlx/quant.py)
+    Lever("quantized", "delete", "model", "GGUF Q4_0/Q4_1/Q8_0 weights kept as their blocks (mx.quantized_matmul): "
+          "4.5-8.5 bits read per weight instead of the dequantized 16-32", numerics="reorders",
+          seams=("qkv", "o_proj", "gate_up", "down", "lm_head"), backends=("mlx",), devices=DEVICES),
     Lever("packed_qkv", "dispatch", "model", "q, k and v from one matmul instead of three", numerics="reorders",
-          seams=("qkv",)),
+          seams=("qkv",), backends=BOTH, devices=DEVICES),
     Lever("packed_gate_up", "dispatch", "model", "gate and up from one matmul instead of two", numerics="reorders",
-          seams=("gate_up",)),
+          seams=("gate_up",), backends=BOTH, devices=DEVICES),
     Lever("fused_norm", "fast-path", "model", "RMSNorm as one fused F.rms_norm call with its weight",
           numerics="reorders", seams=("norm",)),
     Lever("sdpa_fold", "fast-path", "model", "one-token decode attention with each KV head's query heads folded "
@@ -92,18 +100,22 @@ TABLE: tuple[Lever, ...] = (
     Lever("sdpa_backend", "fast-path", "model", "attention tries the named SDPA backend first (the others stay as "
           "fallbacks); counted only for calls that backend can serve", numerics="reorders",
           seams=("attn.decode", "attn.prefill"), choices=("flash", "efficient", "cudnn", "math")),
+    Lever("sdpa_unfused", "fast-path", "model", "attention as matmul → softmax → matmul instead of "
+          "mx.fast.scaled_dot_product_attention: what the fused kernel is worth where its gate takes the shape",
+          numerics="reorders", seams=("attn.decode", "attn.prefill"), backends=("mlx",), devices=DEVICES),
     Lever("kernel", "kernel", "model", "a custom kernel replaces the stock op at the seam it declares",
-          numerics="reorders", value_pattern=KERNEL_REF),
+          numerics="reorders", value_pattern=KERNEL_REF, backends=BOTH, devices=DEVICES),
     # step stage: the functions that call the model
     Lever("last_logits", "delete", "step", "prefill computes the output projection for the last position only",
-          phases=("prefill",), seams=("lm_head",)),
-    Lever("compile", "dispatch", "step", "decode step (and verify) through torch.compile", phases=("decode",),
-          numerics="reorders", choices=("default", "max-autotune-no-cudagraphs")),
+          phases=("prefill",), seams=("lm_head",), backends=BOTH, devices=DEVICES),
+    Lever("compile", "dispatch", "step", "decode step (and verify) through torch.compile, or mx.compile on a static "
+          "cache (MLX: default only)", phases=("decode",), numerics="reorders",
+          choices=("default", "max-autotune-no-cudagraphs"), backends=BOTH, devices=DEVICES),
     Lever("graphs", "dispatch", "step", "decode step (and verify) replayed from CUDA graphs (static cache, one "
           "graph per attention window)", phases=("decode",), numerics="reorders", devices=("cuda",)),
     # loop stage: the token loop around the steps
-    Lever("one_sync", "dispatch", "loop", "one host readback per token; the next step is queued before it is read",
-          phases=("decode",)),
+    Lever("one_sync", "dispatch", "loop", "one host readback per token; the next step is queued before it is read "
+          "(MLX: mx.async_eval)", phases=("decode",), backends=BOTH, devices=DEVICES),
 )
 LEVERS: dict[str, Lever] = {lever.name: lever for lever in TABLE}
 ORDER: dict[str, int] = {lever.name: index for index, lever in enumerate(TABLE)}
@@ -175,7 +187,9 @@ HELP_WIDTH = 79  # --help stays readable at 80 columns: each entry wraps under i
 
 
 def help_table() -> str:
-    """One entry per lever for `--help`: how to write it, its question, what it does."""
-    return "\n".join(textwrap.fill(f"{lever.usage}  [{lever.question}] {lever.summary}", HELP_WIDTH,
+    """One entry per lever for `--help`: how to write it, its question (and its backend when only one has it),
+    what it does."""
+    tag = lambda lever: lever.question + ("" if lever.backends == BOTH else f", {'/'.join(lever.backends)} only")  # noqa: E731
+    return "\n".join(textwrap.fill(f"{lever.usage}  [{tag(lever)}] {lever.summary}", HELP_WIDTH,
                                    initial_indent="  ", subsequent_indent="      ", break_long_words=False)
                       for lever in TABLE)

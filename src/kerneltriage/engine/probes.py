@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 EXPANDED = "+expand_kv"  # suffix of a gate alternative: K/V repeated to every query head, enable_gqa off
 
@@ -77,6 +77,9 @@ class SweepCurve:
     seconds: tuple[float, ...]
     timer: str  # "cuda graph replay" or "cpu clock"
     weight_bytes: int  # one weight's bytes: what a bandwidth-bound call at small M reads
+    # device → the kernel family each row count gets, where the backend knows its library's routing (MLX: read from
+    # its source); empty where it does not
+    kernels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def bandwidth(self, index: int = 0) -> float:
         """Weight bytes read per second at rows[index] (M = 1 first): a GEMV's achieved bandwidth."""

@@ -1,4 +1,5 @@
-"""Peers: other engines measured beside kerneltriage on the same weights and tokens (transformers, llama.cpp).
+"""Peers: other engines measured beside kerneltriage on the same weights and tokens (transformers, llama.cpp,
+mlx-lm).
 
 They are engines of their own (they import their frameworks); `bench/` times them through the harness's
 `Engine` protocol and never imports this package.
@@ -15,7 +16,7 @@ from kerneltriage.bench.workloads import Test
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.backend import Runner
 
-PEERS = ("hf", "hf-static", "llama.cpp")
+PEERS = ("hf", "hf-static", "llama.cpp", "mlx-lm")
 
 
 def parse_peers(text: str) -> tuple[str, ...]:
@@ -40,6 +41,10 @@ def open_peer(name: str, runner: Runner, tests: Sequence[Test], settings: Settin
         from kerneltriage.peers.hf import open_hf
 
         return open_hf(name, runner)
+    if name == "mlx-lm":
+        from kerneltriage.peers.mlxlm import open_mlx_lm
+
+        return open_mlx_lm(runner)
     from kerneltriage.peers.llamacpp import open_llama_cpp
 
     return open_llama_cpp(runner, tests, settings, progress, llama_bench)

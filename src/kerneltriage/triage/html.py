@@ -127,10 +127,11 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def _gates_table(report: Report) -> str:
+    columns = report.gate_columns()
     rows = [[g["phase"], f"q{g['call']['q']} k{g['call']['k']}", g["default"],
-             *[("usable" if g["usable"].get(b) else "; ".join(g["reasons"].get(b, ["—"]))) for b in ("flash", "efficient", "cudnn")],
+             *[("usable" if g["usable"].get(b) else "; ".join(g["reasons"].get(b, ["—"]))) for b in columns],
              ", ".join(f"{k} {v * 1e6:.1f} µs" for k, v in g["seconds"].items()) or "not timed"] for g in report.gates]
-    return _table(["phase", "call", "default", "flash", "efficient", "cudnn", "per call"], rows)
+    return _table(["phase", "call", "default", *columns, "per call"], rows)
 
 
 def _findings_html(report: Report) -> str:

@@ -44,12 +44,14 @@ def _best_alternative(row: GateRow) -> tuple[str, float] | None:
 
 def _lever_for(backend: str) -> str | None:
     """The lever that gets an alternative: K/V expanded to every query head is what `sdpa_fold` gets without
-    the copy; a plain backend is `sdpa_backend=NAME`."""
+    the copy; a plain backend is `sdpa_backend=NAME`; a path with a lever of its own is `sdpa_NAME`."""
     from kerneltriage.engine.probes import EXPANDED
 
     if backend.endswith(EXPANDED):
         return "sdpa_fold"
-    return f"sdpa_backend={backend}" if backend in LEVERS["sdpa_backend"].choices else None
+    if backend in LEVERS["sdpa_backend"].choices:
+        return f"sdpa_backend={backend}"
+    return f"sdpa_{backend}" if f"sdpa_{backend}" in LEVERS else None  # MLX: "unfused" → sdpa_unfused
 
 
 def math_fallback(row: GateRow, step_seconds: float) -> Finding | None:

@@ -59,6 +59,9 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+TORCH_GATES = ("flash", "efficient", "cudnn")  # the gate columns when no row names its own (torch on the CPU)
+
+
 @dataclass
 class Report:
     """What triage found, stage by stage (`to_dict` / `to_json` for machines)."""
@@ -82,6 +85,12 @@ class Report:
 
     def recommendations(self) -> list[Finding]:
         return rank(self.findings)
+
+    def gate_columns(self) -> tuple[str, ...]:
+        """The alternatives the gate rows were probed for, in the backend's order (torch: its SDPA backends; MLX:
+        its fused kernel here and on the other devices); torch's backends when no row names any (the CPU)."""
+        found = dict.fromkeys(name for row in self.gates for name in row["usable"])
+        return tuple(found) or TORCH_GATES
 
     def by_question(self, question: str) -> list[Finding]:
         return sorted((f for f in self.findings if f.question == question),

@@ -36,6 +36,9 @@ NOT_MEASURED = {"compile": "compile warm-up (~1 min) is beyond triage's budget: 
 Progress = Callable[[int, str], None]
 FULL_ROOFLINE_PCT = 100.0
 CONTEXT_DEPTH_MIN = 64  # shallower, decode's cost of context is within the noise of a short decode
+CPU_SDPA_NOTES = {"torch": "SDPA on the CPU: torch's CPU kernels, reported without timing claims",
+                  "mlx": "SDPA on the CPU: MLX has no fused attention there (its composed ops run every call); the gate "
+                         "table says what Metal and CUDA would run, by MLX's source"}
 
 
 @dataclass
@@ -143,7 +146,7 @@ def stage_fastpath(state: _State) -> None:
                    for phase, calls in state.calls.items()
                    for call, per_pass in distinct_calls(calls, state.passes[phase])]
     if not state.gpu:
-        state.notes.append("SDPA on the CPU: torch's CPU kernels, reported without timing claims")
+        state.notes.append(CPU_SDPA_NOTES.get(runner.backend, CPU_SDPA_NOTES["torch"]))
     state.sweep = backend.sweep_projections(runner, sweep_rows(state.speculation))
     budget = state.budget
     deepest = min(budget.context_depth, runner.config.max_context - budget.lever_tokens)

@@ -67,19 +67,32 @@ def _findings(report: Report, question: str) -> Iterable[RenderableType]:
 
 
 def _gates_table(report: Report) -> Table:
-    table = Table("phase", "call", "default", "flash", "efficient", "cudnn", "per call")
+    columns = report.gate_columns()
+    table = Table("phase", "call", "default", *columns, "per call")
     for row in report.gates:
         call = row["call"]
         cells = [("yes" if row["usable"].get(b) else ((row["reasons"].get(b) or ["no"])[0][:REASON_CHARS]))
-                 if row["usable"] else "—" for b in ("flash", "efficient", "cudnn")]
+                 if row["usable"] else "—" for b in columns]
         times = ", ".join(f"{name} {format_duration(s)}" for name, s in row["seconds"].items()) or "not timed (cpu)"
         table.add_row(row["phase"], f"q{list(call['q'])} k{list(call['k'])} ×{row['calls_per_pass']:g}",
                       row["default"], *cells, times)
     return table
 
 
+def _families(curve: dict) -> str:
+    """'cpu qmm_t; metal qmv→qmm_splitk@13': each device's kernel family over the swept M, where it changes."""
+    parts = []
+    for device, names in curve.get("kernels", {}).items():
+        steps = [names[0]] + [f"{name}@{m}" for m, name, before in zip(curve["rows"][1:], names[1:], names)
+                              if name != before]
+        parts.append(f"{device} {'→'.join(steps)}")
+    return "; ".join(parts)
+
+
 def _sweep_table(report: Report) -> Table:
-    table = Table("projection", "K→N", "weights", "M", "per call (min–max)", "M=1 reads", "holes")
+    kernels = any(curve.get("kernels") for curve in report.sweep)
+    table = Table("projection", "K→N", "weights", "M", "per call (min–max)", "M=1 reads", "holes",
+                  *(("kernel family by M",) if kernels else ()))
     copy = report.setup["ceilings"]["bandwidth"]
     for curve in report.sweep:
         rate = curve["weight_bytes"] / curve["seconds"][0]
@@ -89,7 +102,8 @@ def _sweep_table(report: Report) -> Table:
                       f"{curve['rows'][0]}…{curve['rows'][-1]}",
                       f"{format_duration(min(curve['seconds']))}–{format_duration(max(curve['seconds']))}",
                       reads,
-                      ", ".join(f"{h['kind']} @ M={h['rows']} ({h['ratio']:.2f}×)" for h in curve["holes"]) or "none")
+                      ", ".join(f"{h['kind']} @ M={h['rows']} ({h['ratio']:.2f}×)" for h in curve["holes"]) or "none",
+                      *((_families(curve),) if kernels else ()))
     return table
 
 

@@ -67,6 +67,11 @@ class TorchBackend:
 
         return get_ceilings(torch.device(device), getattr(torch, dtype), refresh=refresh)
 
+    def ceilings_key(self, device: str, dtype: str) -> str:
+        from kerneltriage.backends.torch.ceilings import cache_key
+
+        return cache_key(torch.device(device), getattr(torch, dtype))
+
     def profile(self, runner: Runner, phase: str, prefix: Sequence[int], tokens: Sequence[int] | int
                 ) -> PhaseProfile:
         from kerneltriage.backends.torch import profile

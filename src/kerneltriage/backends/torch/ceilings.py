@@ -7,28 +7,24 @@ are used only when measuring fails, and are labelled `source: "datasheet"` (and 
 
 Ceilings measured while other processes shared the machine are too low, and every later run's % of roofline
 too high. So each cached entry carries the load it was measured under (`core.contention`), an entry measured
-on a shared machine (or one that predates this record) is measured again once a run finds the machine quiet,
-and a rate above 100% of the roofline — impossible — re-measures them (`check_rate`).
+on a shared machine (or one that predates this record) is measured again once a run finds the machine quiet
+(`core.ceilings_cache`); a rate above 100% of the roofline — impossible — makes bench and triage measure them
+again.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import tempfile
-import time
-from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from kerneltriage.backends.torch.timing import synced_clock
-from kerneltriage.core.contention import contention, other_cores
-from kerneltriage.core.environment import cpu_model, take_snapshot
-from kerneltriage.core.units import format_bandwidth, format_flops
+from kerneltriage.core import ceilings_cache
+from kerneltriage.core.ceilings_cache import CACHE_FILE
+from kerneltriage.core.environment import cpu_model
 from kerneltriage.core.roofline import Ceilings
 from kerneltriage.engine.paths import cache_dir
 
@@ -46,11 +42,6 @@ class Probe:
 # CUDA: 1 GiB buffer (≫ 50 MB L2), 8192³ bf16 (~1.1 TFLOP); CPU: 64 MiB (≫ L3), 1024³ float32 — < 3 s total.
 PROBES = {"cuda": Probe(1 << 30, 8192, 10, 10), "cpu": Probe(64 << 20, 1024, 2, 5)}
 WARMUPS = 2
-CACHE_FILE = "ceilings.json"
-# How long the machine is watched, idle, to tell whether it is quieter than when cached ceilings were measured.
-PROBE_S = 0.5
-# A measured rate this far past the roofline cannot be: the ceilings under it are wrong.
-IMPOSSIBLE_FRACTION = 1.0
 # Vendor datasheet peaks (dense, no sparsity), matched by a substring of the device name.
 DATASHEET = {"H200": {"bandwidth": 4.8e12, "bfloat16": 989e12, "float16": 989e12, "float32": 67e12},
              "H100": {"bandwidth": 3.35e12, "bfloat16": 989e12, "float16": 989e12, "float32": 67e12}}
@@ -124,33 +115,6 @@ def datasheet(device: torch.device, dtype: torch.dtype) -> Ceilings | None:
     return None
 
 
-def _read_cache(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError):
-        return {}  # unreadable or corrupt: measure again and overwrite
-    return data if isinstance(data, dict) else {}
-
-
-def _write_cache(path: Path, data: dict) -> None:
-    """Atomically: a concurrent reader sees the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ceilings-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
-
-
-def _from_entry(entry: dict) -> Ceilings | None:
-    try:
-        return Ceilings(float(entry["bandwidth"]), float(entry["matmul_flops"]), str(entry["source"]),
-                        str(entry.get("device", "")), str(entry.get("dtype", "")))
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
 def get_ceilings(device: torch.device, dtype: torch.dtype, refresh: bool = False,
                  path: Path | None = None) -> Ceilings:
     """Cached ceilings for (device, torch version, dtype), measured on a miss, when `refresh`, or when the cached
@@ -160,66 +124,16 @@ def get_ceilings(device: torch.device, dtype: torch.dtype, refresh: bool = False
     a device without datasheet values re-raises the failure.
     """
     path = path or cache_dir() / CACHE_FILE
-    entry = _read_cache(path).get(cache_key(device, dtype), {})
-    cached = None if refresh or _worth_remeasuring(entry, device) else _from_entry(entry)
-    if cached is not None:
-        return cached
     try:
-        ceilings, load = _measure_with_load(device, dtype)
+        return ceilings_cache.cached(path, cache_key(device, dtype), lambda: measure(device, dtype), refresh,
+                                     device.index or 0)
     except (RuntimeError, torch.cuda.OutOfMemoryError):
         fallback = datasheet(device, dtype)
         if fallback is None:
             raise
         return fallback
-    _store(path, cache_key(device, dtype), asdict(ceilings) | load)
-    return ceilings
 
 
 def cached_entry(device: torch.device, dtype: torch.dtype, path: Path | None = None) -> dict:
     """The cache's record for this device and dtype (values, when, under what load); {} when absent."""
-    return _read_cache(path or cache_dir() / CACHE_FILE).get(cache_key(device, dtype), {})
-
-
-def check_rate(fraction: float, what: str, device: torch.device, dtype: torch.dtype,
-               path: Path | None = None) -> tuple[Ceilings, str] | None:
-    """None when `fraction` of the roofline is possible. Above 100% it is not: the ceilings were stale or
-    measured on a busy machine. They are then measured again, and returned with a one-line note saying so
-    (call it with each rate a run reports as a fraction of its roofline, and recompute with the new ceilings)."""
-    if fraction <= IMPOSSIBLE_FRACTION:
-        return None
-    before = cached_entry(device, dtype, path)
-    ceilings = get_ceilings(device, dtype, refresh=True, path=path)
-    then = f" (measured {before['measured_at']}, {before.get('contended') or 'load not recorded'})" if before else ""
-    note = (f"{what} at {fraction:.0%} of the roofline is impossible: the cached ceilings were stale or measured "
-            f"on a busy machine{then}; measured again: copy {format_bandwidth(ceilings.bandwidth)}, matmul "
-            f"{format_flops(ceilings.matmul_flops)}")
-    return ceilings, note
-
-
-def _measure_with_load(device: torch.device, dtype: torch.dtype) -> tuple[Ceilings, dict]:
-    """Measured ceilings and the load they were measured under."""
-    start = take_snapshot(device.index or 0)
-    ceilings = measure(device, dtype)
-    end = take_snapshot(device.index or 0)
-    return ceilings, {"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                      "other_cores": other_cores(start, end), "load_avg_1m": end.load_avg_1m,
-                      "contended": contention(start, end)}
-
-
-def _worth_remeasuring(entry: dict, device: torch.device) -> bool:
-    """The entry was measured on a shared machine, or records no load, and the machine is quiet now."""
-    if not entry or ("contended" in entry and entry["contended"] is None):
-        return False
-    start = take_snapshot(device.index or 0)
-    time.sleep(PROBE_S)  # idle: whatever runs now is other processes
-    return contention(start, take_snapshot(device.index or 0)) is None
-
-
-def _store(path: Path, key: str, entry: dict) -> None:
-    """Add one entry; an unwritable cache only means measuring again next time."""
-    data = _read_cache(path)
-    data[key] = entry
-    try:
-        _write_cache(path, data)
-    except OSError:
-        return
+    return ceilings_cache.entry(path or cache_dir() / CACHE_FILE, cache_key(device, dtype))

@@ -1,0 +1,119 @@
+"""The MLX backend: builds runners and answers triage's probes, as `engine/backend.py` describes.
+
+MLX's Python API is the same on Metal, CUDA and the CPU: everything here runs unchanged on a Mac. What depends on
+the device is said where it is decided (`device.py`, `gates.py`).
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any, Sequence
+
+import mlx.core as mx
+
+from kerneltriage.backends.mlx import device as devices
+from kerneltriage.backends.mlx.levers import apply_config
+from kerneltriage.backends.mlx.runner import Runner
+from kerneltriage.engine.checkpoint import Checkpoint
+from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.engine.probes import GateRow, PhaseProfile, SdpaCall, Sparsity, SweepCurve
+
+
+def build_runner(checkpoint: Checkpoint, device: str, dtype: str) -> Runner:
+    """A stock runner: the checkpoint's weights, dequantized, on `device` in `dtype`, no levers. MLX runs on its
+    default device, so that is set here (one process runs one MLX device)."""
+    from kerneltriage.backends.mlx.load import load_model
+
+    mx.set_default_device(devices.mx_device(device))
+    model = load_model(checkpoint, getattr(mx, dtype))
+    return Runner(model, checkpoint, device, devices.device_type(device), dtype)
+
+
+def _restocked(runner: Runner, dtype: str) -> Runner:
+    """A stock runner over `runner`'s stock weights (shared, or cast exactly to `dtype`)."""
+    from kerneltriage.backends.mlx.load import stock_copy
+
+    model = stock_copy(runner.model, None if dtype == runner.dtype else getattr(mx, dtype))
+    return Runner(model, runner.checkpoint, runner.device, runner.device_type, dtype)
+
+
+class MlxBackend:
+    name = "mlx"
+
+    def resolve_device(self, name: str) -> str:
+        return devices.resolve_device(name)
+
+    def resolve_dtype(self, name: str | None, device: str) -> str:
+        return devices.resolve_dtype(name, device)
+
+    def build(self, checkpoint: Checkpoint, config: RunConfig, device: str, dtype: str) -> Runner:
+        return apply_config(build_runner(checkpoint, device, dtype), config)
+
+    def copy(self, runner: Runner, config: RunConfig) -> Runner:
+        return apply_config(_restocked(runner, runner.dtype), config)
+
+    def float32_reference(self, runner: Runner, config: RunConfig | None = None) -> Runner:
+        reference = _restocked(runner, "float32")  # exact upcasts of the same weights: only the arithmetic differs
+        return reference if config is None else apply_config(reference, config)
+
+    def release(self, runner: Runner) -> None:
+        """Drop the runner's cache and collect (lever closures hold cycles), then MLX's buffer cache."""
+        runner.drop_cache()
+        gc.collect()
+        mx.clear_cache()
+
+    def seam_errors(self, runner: Runner) -> dict[str, tuple[float, float]]:
+        from kerneltriage.backends.mlx.seams import seam_errors
+
+        seams = tuple(dict.fromkeys(seam for s in runner.run_config.levers if s.lever.numerics != "exact"
+                                    for seam in s.lever.seams))
+        return seam_errors(runner, seams) if seams else {}
+
+    def ceilings(self, device: str, dtype: str, refresh: bool = False) -> Any:
+        from kerneltriage.backends.mlx.ceilings import get_ceilings
+
+        return get_ceilings(device, dtype, refresh=refresh)
+
+    def ceilings_key(self, device: str, dtype: str) -> str:
+        from kerneltriage.backends.mlx.ceilings import cache_key
+
+        return cache_key(device, dtype)
+
+    def profile(self, runner: Runner, phase: str, prefix: Sequence[int], tokens: Sequence[int] | int
+                ) -> PhaseProfile:
+        from kerneltriage.backends.mlx import profile
+
+        if phase == "prefill":
+            return profile.profile_prefill(runner, prefix, tokens)
+        return profile.profile_decode(runner, prefix, tokens)
+
+    def host_issue_seconds(self, runner: Runner, prefix: Sequence[int], steps: int) -> float | None:
+        from kerneltriage.backends.mlx import profile
+
+        return profile.host_issue_seconds(runner, prefix, steps)
+
+    def census(self, runner: Runner, phase: str, prefix: Sequence[int], tokens: Sequence[int] | int
+               ) -> dict[str, Any]:
+        from kerneltriage.backends.mlx import census
+
+        if phase == "prefill":
+            return census.census_prefill(runner, tokens).per(1)
+        return census.census_decode(runner, prefix, tokens).per(tokens)
+
+    def attention_gates(self, phase: str, call: SdpaCall, calls_per_pass: float, device: str) -> GateRow:
+        from kerneltriage.backends.mlx import gates
+
+        return gates.gate_row(phase, call, calls_per_pass, device)
+
+    def sweep_projections(self, runner: Runner, rows: tuple[int, ...] | None) -> list[SweepCurve]:
+        from kerneltriage.backends.mlx import msweep
+
+        return msweep.m_sweep(runner, rows)
+
+    def attention_sparsity(self, runner: Runner) -> Sparsity:
+        from kerneltriage.backends.mlx.sparsity import attention_sparsity, passage_tokens
+
+        return attention_sparsity(runner, passage_tokens(runner))
+
+
+BACKEND = MlxBackend()

@@ -1,0 +1,56 @@
+"""Teacher-forced logits on the host: what `ab`'s correctness check compares, through the runner's own steps
+(the torch backend's `forced.py`, on MLX arrays)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+if TYPE_CHECKING:
+    from kerneltriage.backends.mlx.runner import Runner
+
+
+def forced_logits(runner: "Runner", prompt: Sequence[int], fed: Sequence[int] | None, count: int
+                  ) -> tuple[np.ndarray, list[int]]:
+    """Float32 logits (count, V) after the prompt and after each of the tokens `fed` (None: the runner's own
+    greedy tokens), and the tokens fed. A speculating runner takes them through its verify forward, its deepest
+    k+1 rows at a time, so the path its speculation runs is the one checked; the others through their decode step."""
+    if fed is not None and len(fed) >= count - 1 and _stock(runner):
+        return _one_forward(runner, prompt, list(fed)[: count - 1]), list(fed)[: count - 1]
+    runner.reset_cache(len(prompt) + count)
+    rows = [_host_row(runner.prefill(prompt, 0)[0])]
+    position, fed = len(prompt), list(fed or [])[: count - 1]
+    block = runner.speculation.controller.deepest + 1 if runner.speculation else 0
+    if block and len(fed) < count - 1:
+        raise ValueError("a speculating runner is checked on the reference's tokens: pass them")
+    while len(rows) < count:
+        done = len(rows) - 1  # tokens fed so far
+        if block:
+            chunk = fed[done:done + block]
+            rows += list(_host_row(runner.verify(chunk[0], chunk[1:], position + done, 0)))
+            runner.trim_cache(position + done + len(chunk))
+            continue
+        if done == len(fed):  # no token given: the runner's own greedy one
+            fed.append(int(rows[-1].argmax()))
+        rows.append(_host_row(runner.decode(fed[done], position + done)[0]))
+    return np.stack(rows), fed
+
+
+def _host_row(logits: mx.array) -> np.ndarray:
+    """A float32 copy on the host, now."""
+    return np.array(logits.astype(mx.float32), copy=True)
+
+
+def _stock(runner: "Runner") -> bool:
+    """No lever and no speculation: the runner's steps are the model's own forward."""
+    return not runner.run_config.levers and runner.speculation is None
+
+
+def _one_forward(runner: "Runner", prompt: Sequence[int], fed: list[int]) -> np.ndarray:
+    """A stock runner's teacher-forced logits in one causal forward over prompt + fed: the same function as
+    its decode steps, computed at once."""
+    tokens = list(prompt) + fed
+    runner.reset_cache(len(tokens))
+    return _host_row(runner.model(runner.tensor(tokens), 0)[0, len(prompt) - 1:])  # (len(fed) + 1, V)

@@ -1,0 +1,142 @@
+"""Build an MLX Model from a Checkpoint: stored tensors dequantized to the run dtype, or random weights for
+presets. The stock model holds plain (dequantized) weights, as the torch backend's does; the `quantized` lever
+keeps GGUF blocks instead (`quant.py`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+
+from kerneltriage.backends.mlx.dequant import dequantize
+from kerneltriage.backends.mlx.models import Model, model_class
+from kerneltriage.backends.mlx.models.llama import rope_inv_freq
+from kerneltriage.core.errors import InputError
+from kerneltriage.engine.checkpoint import Checkpoint
+from kerneltriage.engine.presets import PRESET_SEED
+
+# internal layer suffix → attribute path inside a TransformerBlock (the torch loader's map, MLX's names are the same)
+_LAYER_PARAMS = {
+    "attn_norm": "input_layernorm.weight",
+    "q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight", "v": "self_attn.v_proj.weight",
+    "o": "self_attn.o_proj.weight",
+    "q_bias": "self_attn.q_proj.bias", "k_bias": "self_attn.k_proj.bias", "v_bias": "self_attn.v_proj.bias",
+    "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight",
+    "mlp_norm": "post_attention_layernorm.weight",
+    "gate": "mlp.gate_proj.weight", "up": "mlp.up_proj.weight", "down": "mlp.down_proj.weight",
+}
+_GLOBAL_PARAMS = {"embed": "embed_tokens.weight", "norm": "norm.weight", "lm_head": "lm_head.weight"}
+INIT_STD = 0.02
+
+
+def param_name(internal: str) -> str | None:
+    """Our internal tensor name → the Model's parameter path (None for non-parameters like rope_freqs)."""
+    if internal in _GLOBAL_PARAMS:
+        return _GLOBAL_PARAMS[internal]
+    if internal.startswith("layers."):
+        _, index, suffix = internal.split(".", 2)
+        return f"layers.{index}.{_LAYER_PARAMS[suffix]}"
+    return None
+
+
+def load_model(checkpoint: Checkpoint, dtype: mx.Dtype) -> Model:
+    """A ready, evaluated Model in `dtype` (norm weights too), weights tied where the config says so, RoPE
+    frequencies in float32."""
+    config = checkpoint.config
+    model = model_class(config.arch)(config)
+    weights = _random(model, dtype) if config.random_weights else _from_checkpoint(model, checkpoint, dtype)
+    freq_factors = checkpoint.tensors.get("rope_freqs")
+    factors = None if freq_factors is None else np.array(dequantize(freq_factors, mx.float32))
+    weights["inv_freq"] = mx.array(rope_inv_freq(config, factors))
+    _fill(model, weights)
+    mx.eval(model.parameters())
+    return model
+
+
+def stock_copy(model: Model, dtype: mx.Dtype | None = None) -> Model:
+    """A stock Model over `model`'s weights (in `dtype`, cast exactly upward when it differs): none of the levers
+    applied to `model` (packed or quantized projections, attention functions, compiled steps) come along. The
+    stock weights are shared, not copied: MLX arrays are values that no lever writes to."""
+    copy = model_class(model.config.arch)(model.config)
+    weights = stock_weights(model)
+    if dtype is not None:
+        weights = {name: value if name == "inv_freq" else value.astype(dtype) for name, value in weights.items()}
+    _fill(copy, weights)
+    return copy
+
+
+@dataclass(frozen=True)
+class StockWeights:
+    """The stock parameters of a model whose modules a lever replaced (`Model.stock`): what `stock_copy` uses.
+    Each is an array, or a function that makes it on demand (a fresh lazy graph per copy, so a weight a lever
+    stopped holding, such as a dequantized matrix `quantized` keeps as blocks, is not held for copies' sake).
+    (A plain object: an MLX Module would take a dict attribute for a tree of parameters.)"""
+
+    weights: dict[str, mx.array | Callable[[], mx.array]]
+
+
+def stock_weights(model: Model) -> dict[str, mx.array]:
+    """The stock parameters of `model` by path, inv_freq included; the originals a lever kept where it replaced
+    modules (`model.stock`), else the parameters a stock skeleton has."""
+    kept = getattr(model, "stock", None)
+    if kept is not None:
+        return {name: value() if callable(value) else value for name, value in kept.weights.items()}
+    names = dict(tree_flatten(model_class(model.config.arch)(model.config).parameters()))
+    current = dict(tree_flatten(model.parameters()))
+    return {name: current[name] for name in names}
+
+
+def keep_stock_weights(model: Model, made: dict[str, Callable[[], mx.array]] | None = None) -> None:
+    """Record the stock parameters before a lever replaces modules (once: the first lever's view is the stock one);
+    `made`: the ones to make on demand instead of holding."""
+    if getattr(model, "stock", None) is None:
+        model.stock = StockWeights(stock_weights(model) | (made or {}))
+
+
+def _fill(model: Model, weights: dict[str, mx.array]) -> None:
+    """Every parameter from `weights`; a tied output head takes the embedding's array."""
+    if model.config.tie_embeddings:
+        weights = weights | {"lm_head.weight": weights["embed_tokens.weight"]}
+    model.load_weights(list(weights.items()), strict=True)
+
+
+def _expected(model: Model) -> dict[str, tuple[int, ...]]:
+    """Every parameter path the checkpoint must fill, with its shape (the tied output head excluded)."""
+    shapes = {name: tuple(value.shape) for name, value in tree_flatten(model.parameters()) if name != "inv_freq"}
+    if model.config.tie_embeddings:
+        shapes.pop("lm_head.weight")
+    return shapes
+
+
+def _from_checkpoint(model: Model, checkpoint: Checkpoint, dtype: mx.Dtype) -> dict[str, mx.array]:
+    expected, weights = _expected(model), {}
+    for internal, raw in checkpoint.tensors.items():
+        name = param_name(internal)
+        if name is None:
+            continue
+        if name not in expected:
+            raise InputError(f"{checkpoint.source}: tensor {internal} has no place in a {model.config.arch} model")
+        if tuple(raw.shape) != expected[name]:
+            raise InputError(f"{checkpoint.source}: {internal} has shape {raw.shape}, expected {expected[name]}")
+        weights[name] = dequantize(raw, dtype)
+    missing = sorted(set(expected) - set(weights))
+    if missing:
+        raise InputError(f"{checkpoint.source}: missing tensors for {', '.join(missing[:4])}")
+    return weights
+
+
+def _random(model: Model, dtype: mx.Dtype) -> dict[str, mx.array]:
+    """Deterministic N(0, 0.02) weights (norms at 1, biases at 0), generated on the device itself."""
+    key, weights = mx.random.key(PRESET_SEED), {}
+    for name, shape in _expected(model).items():
+        if name.endswith("norm.weight"):
+            weights[name] = mx.ones(shape, dtype=dtype)
+        elif name.endswith(".bias"):
+            weights[name] = mx.zeros(shape, dtype=dtype)
+        else:
+            key, sub = mx.random.split(key)
+            weights[name] = INIT_STD * mx.random.normal(shape, dtype=dtype, key=sub)  # no float32 copy of a bf16 model
+    return weights

@@ -1,0 +1,220 @@
+"""Llama for MLX (also the base of qwen2 and qwen3, which change only what differs).
+
+The torch file's classes, one for one (diff `backends/torch/models/llama.py` against this one): no feature flags
+in `__call__`; levers swap whole functions or modules from outside (the attention function on `Model.attention`,
+projections, the step functions that call the model). MLX is lazy: these functions build a graph, and the
+runner decides when it is evaluated.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from kerneltriage.backends.mlx.cache import KVCache, Positions
+from kerneltriage.engine.config import ModelConfig
+
+
+def SDPA(*args: Any, **kwargs: Any) -> mx.array:  # noqa: N802 - stands for mx.fast.scaled_dot_product_attention
+    """mx.fast.scaled_dot_product_attention, looked up at each call (a probe may wrap it for a while). It runs a
+    fused kernel where MLX has one for the shapes (Metal, CUDA) and its own composed ops otherwise (the CPU)."""
+    return mx.fast.scaled_dot_product_attention(*args, **kwargs)
+
+# sdpa(q (B,H,T,D), k (B,Hkv,S,D), v, *, scale, mask=None | "causal" | (T, S) bool) -> (B,H,T,D)
+SdpaFn = Callable[..., mx.array]
+# (q (B,H,T,D), k (B,Hkv,S,D), v (B,Hkv,S,D), positions, sdpa=SDPA) -> (B,H,T,D); a wrapper passes `sdpa` on
+AttentionFn = Callable[..., mx.array]
+
+
+def sdpa_attention(q: mx.array, k: mx.array, v: mx.array, pos: Positions, sdpa: SdpaFn = SDPA) -> mx.array:
+    """Attention of T new queries over the keys the cache returned (GQA: MLX's SDPA takes Hkv < H as it is).
+
+    A static cache supplies its mask. Otherwise: a fresh prompt needs only a causal mask; one new token sees
+    every key; a block after a filled cache (chunked prefill, speculative verify) needs an explicit mask.
+    """
+    length, scale = q.shape[2], 1.0 / math.sqrt(q.shape[-1])
+    if pos.mask is not None:
+        return sdpa(q, k, v, scale=scale, mask=pos.mask)
+    if pos.start == 0:
+        return sdpa(q, k, v, scale=scale, mask="causal" if length > 1 else None)
+    if length == 1:
+        return sdpa(q, k, v, scale=scale)
+    rows = mx.arange(length)[:, None] + pos.start
+    mask = mx.arange(k.shape[2])[None, :] <= rows  # (T, S): query i sees keys ≤ start+i
+    return sdpa(q, k, v, scale=scale, mask=mask)
+
+
+class Step(NamedTuple):
+    """What every layer needs to know about the current forward pass."""
+
+    pos: Positions
+    cos: mx.array  # (T, D)
+    sin: mx.array  # (T, D)
+    cache: KVCache
+    attention: AttentionFn
+
+
+def rope_inv_freq(config: ModelConfig, freq_factors: np.ndarray | None = None) -> np.ndarray:
+    """Inverse frequencies θ^(-2i/D) in float32 (computed in float64), with Llama-3 scaling (from config.json) or
+    GGUF `rope_freqs`: the torch file's arithmetic, so both backends rotate by the same angles."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    if freq_factors is not None:
+        return (inv_freq / freq_factors.astype(np.float64)).astype(np.float32)
+    rs = config.rope_scaling
+    if rs is None:
+        return inv_freq.astype(np.float32)
+    # Llama-3: long wavelengths slowed by `factor`, short ones kept, a smooth ramp between.
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen = rs.original_max_position / rs.low_freq_factor
+    high_wavelen = rs.original_max_position / rs.high_freq_factor
+    smooth = (rs.original_max_position / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+    blended = (1 - smooth) * inv_freq / rs.factor + smooth * inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / rs.factor, inv_freq)
+    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(is_medium, blended, scaled).astype(np.float32)
+
+
+def apply_rope(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
+    """Rotate the two halves of each head (HF/NeoX layout): x·cos + rotate_half(x)·sin."""
+    half = x.shape[-1] // 2
+    rotated = mx.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = mx.ones((dim,))
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        # Normalise in float32 like the reference implementations, then scale in the model dtype.
+        normed = mx.fast.rms_norm(x.astype(mx.float32), None, self.eps).astype(x.dtype)
+        return self.weight * normed
+
+
+class Attention(nn.Module):
+    BIAS = False  # biases on q, k and v (qwen2 has them; a llama checkpoint may too: config.attention_bias)
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        bias = self.BIAS or config.attention_bias
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, q_size, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_size, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_size, bias=bias)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
+
+    def qkv(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
+    def qk_norm(self, q: mx.array, k: mx.array) -> tuple[mx.array, mx.array]:
+        """Per-head norms of q and k before RoPE: none in llama (qwen3 has them)."""
+        return q, k
+
+    def __call__(self, x: mx.array, layer: int, step: Step) -> mx.array:
+        batch, length, _ = x.shape
+        q, k, v = self.qkv(x)
+        # (B, T, H*D) → (B, H, T, D)
+        q = q.reshape(batch, length, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
+        k = k.reshape(batch, length, self.num_kv_heads, self.head_dim).transpose(0, 2, 1, 3)
+        v = v.reshape(batch, length, self.num_kv_heads, self.head_dim).transpose(0, 2, 1, 3)
+        q, k = self.qk_norm(q, k)
+        q, k = apply_rope(q, step.cos, step.sin), apply_rope(k, step.cos, step.sin)
+        keys, values = step.cache.update(layer, step.pos, k, v)  # (B, Hkv, S, D)
+        out = step.attention(q, keys, values, step.pos)
+        # (B, H, T, D) → (B, T, H*D)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        hidden, inter = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def gate_up(self, x: mx.array) -> tuple[mx.array, mx.array]:
+        return self.gate_proj(x), self.up_proj(x)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        gate, up = self.gate_up(x)
+        return self.down_proj(nn.silu(gate) * up)
+
+
+class TransformerBlock(nn.Module):
+    ATTENTION: type[Attention] = Attention
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_eps)
+        self.self_attn = self.ATTENTION(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_eps)
+        self.mlp = MLP(config)
+
+    def __call__(self, x: mx.array, layer: int, step: Step) -> mx.array:
+        x = x + self.self_attn(self.input_layernorm(x), layer, step)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Model(nn.Module):
+    """`hidden(tokens, start)` runs the decoder over the cache; `logits(h)` applies the output head.
+
+    They are apart so that callers (and levers) decide which positions need logits. Building one allocates
+    nothing: MLX's initializers are lazy, and `load.py` replaces every weight before anything is evaluated.
+    """
+
+    BLOCK: type[TransformerBlock] = TransformerBlock
+    # the named seams where a lever or a custom kernel may replace the stock op (engine/levers.py: SEAMS)
+    SEAMS = ("norm", "qkv", "attn.decode", "attn.prefill", "o_proj", "gate_up", "down", "lm_head", "linear.gemv")
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = [self.BLOCK(config) for _ in range(config.num_layers)]
+        self.norm = RMSNorm(config.hidden_size, config.rms_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.inv_freq = mx.zeros((config.head_dim // 2,), dtype=mx.float32)
+        self.attention: AttentionFn = sdpa_attention
+        self.cache: KVCache | None = None
+
+    def cache_shape(self, max_len: int, batch: int = 1) -> tuple[int, int, int, int, int]:
+        """(L, B, Hkv, S, D): the KV cache this model's attention layers write."""
+        attention = self.layers[0].self_attn
+        return len(self.layers), batch, attention.num_kv_heads, max_len, attention.head_dim
+
+    def tie_weights(self) -> None:
+        if self.config.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def rope(self, positions: mx.array, dtype: mx.Dtype) -> tuple[mx.array, mx.array]:
+        angles = positions.astype(mx.float32)[:, None] * self.inv_freq[None, :]  # (T, D/2)
+        angles = mx.concatenate([angles, angles], axis=-1)  # (T, D)
+        return mx.cos(angles).astype(dtype), mx.sin(angles).astype(dtype)
+
+    def hidden(self, tokens: mx.array, start: int | None) -> mx.array:
+        """Final-normed hidden states (B, T, hidden) for `tokens` (B, T) at positions start…; fills the cache."""
+        if self.cache is None:
+            raise RuntimeError("Model.cache is not set: attach a KVCache before running the model")
+        x = self.embed_tokens(tokens)
+        pos = self.cache.positions(start, tokens.shape[1])
+        cos, sin = self.rope(pos.ids, x.dtype)
+        step = Step(pos, cos, sin, self.cache, self.attention)
+        for index, block in enumerate(self.layers):
+            x = block(x, index, step)
+        return self.norm(x)
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        return self.lm_head(hidden)
+
+    def __call__(self, tokens: mx.array, start: int | None) -> mx.array:
+        """Logits for every position: (B, T, vocab)."""
+        return self.logits(self.hidden(tokens, start))

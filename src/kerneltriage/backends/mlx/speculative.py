@@ -1,0 +1,125 @@
+"""Speculative decoding on an MLX runner: the model drafters (the target's own first layers, a draft model) and
+its installation, as in the torch backend. The loop, prompt lookup and the depth controller are backend-neutral
+(engine/speculative/); acceptance is in `sampling.py`, the verify forward on the runner.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from kerneltriage.backends.mlx.acceptance import sample_probs
+from kerneltriage.backends.mlx.cache import KVCache
+from kerneltriage.backends.mlx.models import Model
+from kerneltriage.backends.mlx.runner import Runner
+from kerneltriage.backends.mlx.sampling import MlxSampler, filter_logits
+from kerneltriage.core.errors import InputError
+from kerneltriage.engine.speculative.config import Speculation, check_same_vocabulary
+from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
+from kerneltriage.engine.speculative.draft import Draft, Drafter
+from kerneltriage.engine.speculative.ngram import NgramDrafter
+
+
+def draft_tokens(model: Model, feed: list[int], start: int, k: int, sampler: MlxSampler) -> Draft:
+    """Run a draft model over `feed` (the context it has not seen) at `start`, then k-1 single steps: k tokens,
+    argmax when greedy, else drawn from q = softmax(filter(logits)), q kept for the acceptance test."""
+    tokens, probs = [], []
+    step = mx.array([feed], dtype=mx.int32)  # (1, F)
+    for _ in range(k):
+        logits = model.logits(model.hidden(step, start)[:, -1])  # (1, V)
+        start += step.shape[1]
+        if sampler.params.greedy:
+            step = mx.argmax(logits, axis=-1, keepdims=True).astype(mx.int32)  # (1, 1)
+        else:
+            probs.append(mx.softmax(filter_logits(logits, sampler.params), axis=-1))
+            step = sample_probs(probs[-1], sampler.next_key()).astype(mx.int32).reshape(1, 1)
+        tokens.append(step.reshape(1))
+    draft = Draft(mx.concatenate(tokens), mx.concatenate(probs) if probs else None)
+    mx.async_eval(draft.tokens, *([draft.probs] if probs else []))  # queued now: the decoder times the draft apart
+    return draft
+
+
+class _LayerPrefixCache(KVCache):
+    """The first L layers of another cache, sharing its lists: what the draft writes, the target's cache holds."""
+
+    def __init__(self, cache: KVCache, layers: int) -> None:  # no super().__init__: the storage is borrowed
+        self.keys, self.values = cache.keys, cache.values  # the same lists: the draft's writes land in them
+        self.max_len, self.length = cache.max_len, 0
+
+
+class SelfDrafter:
+    """The target's first L layers, its final norm and lm_head (layer skip), sharing the target's KV cache.
+
+    Sharing is exact: layers < L see the same inputs in both models, so the target's entries are the ones the
+    draft would write. The draft writes positions start…start+k-1; the verify forward then rewrites start…start+k
+    in every layer, and the target's trim covers both. So the draft resumes at the target's committed length."""
+
+    def __init__(self, target: Model, layers: int) -> None:
+        self.model = type(target)(target.config.replace(num_layers=layers))
+        self.model.embed_tokens, self.model.norm, self.model.lm_head = target.embed_tokens, target.norm, target.lm_head
+        self.model.layers = target.layers[:layers]
+        self.model.inv_freq = target.inv_freq
+        self.model.attention = target.attention
+        self.target, self.layers = target, layers
+
+    def reset(self, runner: Runner, capacity: int) -> None:
+        self.model.cache = _LayerPrefixCache(runner.model.cache, self.layers)
+        self.model.logits = self.target.logits  # a lever may have replaced the target's output head
+
+    def draft(self, context: list[int], k: int, sampler: MlxSampler) -> Draft:
+        committed = len(context) - 1  # the target has cached every token but the last
+        self.model.cache.length = committed
+        return draft_tokens(self.model, context[committed:], committed, k, sampler)
+
+
+class ModelDrafter:
+    """A smaller model with the target's tokenizer and its own cache, fed the context it has not seen yet."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.seen = 0  # context[:seen] is in the draft's cache (the context only grows)
+        self.pending: mx.array | None = None  # drafts fed after context[:seen], read after the verify's sync
+
+    def reset(self, runner: Runner, capacity: int) -> None:
+        self.runner.reset_cache(capacity)
+        self.seen, self.pending = 0, None
+
+    def draft(self, context: list[int], k: int, sampler: MlxSampler) -> Draft:
+        fed = self.pending.tolist() if self.pending is not None else []
+        valid = self.seen + _common_prefix(fed, context[self.seen:-1])  # the accepted drafts stay cached
+        self.runner.trim_cache(valid)
+        draft = draft_tokens(self.runner.model, context[valid:], valid, k, sampler)
+        self.seen, self.pending = len(context), draft.tokens[:-1]  # the last draft was predicted, never fed
+        return draft
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    size = min(len(a), len(b))
+    return next((i for i in range(size) if a[i] != b[i]), size)
+
+
+def build_drafter(speculation: Speculation, runner: Runner) -> Drafter:
+    """The drafter `speculation` names for this target; selfdraft layers beyond the model's are an InputError."""
+    if speculation.source == "ngram":
+        return NgramDrafter(speculation.ngram_max)
+    if speculation.source == "selfdraft":
+        total = runner.config.num_layers
+        layers = speculation.layers or max(total // 2, 1)
+        if layers > total:
+            raise InputError(f"--spec selfdraft:{layers}: expected at most the model's {total} layers")
+        return SelfDrafter(runner.model, layers)
+    from kerneltriage.backends.mlx.backend import build_runner
+    from kerneltriage.engine.sources import load_checkpoint
+
+    checkpoint = load_checkpoint(speculation.draft_model)
+    check_same_vocabulary(runner.checkpoint, checkpoint)
+    return ModelDrafter(build_runner(checkpoint, runner.device, runner.dtype))
+
+
+def install_speculation(runner: Runner, speculation: Speculation, drafter: Drafter | None = None
+                        ) -> SpeculativeDecoder:
+    """Put speculative decoding on `runner` (after its levers: the verify steps they installed are used)."""
+    decoder = SpeculativeDecoder(speculation, drafter or build_drafter(speculation, runner))
+    runner.cache_slack = max(runner.cache_slack, decoder.controller.deepest)  # room for a verify past the end
+    runner.token_loop = decoder
+    runner.speculation = decoder
+    return decoder
