@@ -172,3 +172,35 @@ def test_a_rate_above_the_roofline_measures_the_ceilings_again(
     assert "ran above 100% of the cached ceilings' roofline: the ceilings were measured again" in captured.err
     assert report["config"]["ceilings"]["bandwidth"] == CEILINGS.bandwidth
     assert all(0 < row["roofline_pct"] <= 100 for row in report["rows"])
+
+
+def test_kerneltriage_on_its_other_backend_is_a_peer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--peers mlx:LEVERS` beside a torch run: the same checkpoint built by MLX, timed interleaved, its row named
+    by the backend; the roofline is the best either framework measured on the device."""
+    pytest.importorskip("mlx.core")
+    from kerneltriage.backends.mlx import ceilings as mlx_ceilings
+
+    faster = Ceilings(10e9, 400e9, "measured", "cpu test", "float32")
+    monkeypatch.setattr(mlx_ceilings, "get_ceilings", lambda device, dtype, refresh=False: faster)
+    argv = ["bench", "--model", "tiny", "-p", "8", "-n", "4", "-r", "2", "--device", "cpu", "--output", "json",
+            "--peers", "mlx:last_logits", "--ledger", str(tmp_path / "l.db")]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [(r["engine"], r["test"]) for r in report["rows"]] == [
+        ("kerneltriage", "pp8"), ("mlx", "pp8"), ("kerneltriage", "tg4"), ("mlx", "tg4")]
+    assert all(r["status"] == "ok" and r["rate"] > 0 for r in report["rows"])
+    assert report["peers"]["mlx"]["note"] == "kerneltriage on mlx (cpu, float32) with last_logits"
+    ceilings = report["config"]["ceilings"]
+    assert (ceilings["bandwidth"], ceilings["matmul_flops"]) == (CEILINGS.bandwidth, faster.matmul_flops)
+
+
+@pytest.mark.parametrize("peers, expected", [
+    ("torch,torch:graphs", "one peer per backend"),
+    ("torch:warp_drive", "unknown lever 'warp_drive'"),
+    ("mlx-llm", "unknown peer 'mlx-llm'"),
+])
+def test_bad_backend_peers_are_refused_before_loading(peers: str, expected: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--model", "tiny", "--peers", peers, "--device", "cpu"]) == 2
+    assert expected in capsys.readouterr().err

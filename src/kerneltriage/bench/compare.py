@@ -4,7 +4,7 @@ peers opened by the caller (`kerneltriage.peers`): this module times, it loads n
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from kerneltriage.bench.harness import Engine, KerneltriageEngine, Progress, Settings, TestResult, run_interleaved
 from kerneltriage.bench.workloads import Test, tokens_for
@@ -24,6 +24,7 @@ class PeerRun:
     skipped: dict[str, str] = field(default_factory=dict)
     unavailable: str | None = None
     note: str = ""
+    ceilings: Any = None  # kerneltriage on another backend: the ceilings its framework measured
 
 
 def run_bench(runner: Runner, tests: Sequence[Test], runs: Sequence[PeerRun], settings: Settings,

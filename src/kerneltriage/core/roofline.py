@@ -61,6 +61,18 @@ class Ceilings:
                 raise ValueError(f"ceilings: {name} must be a positive number, got {value}")
 
 
+def best_ceilings(first: Ceilings, *others: Ceilings) -> Ceilings:
+    """The device's ceilings as the best any framework measured on it: one whose copy or matmul is slower (MLX's
+    Linux CPU build links the reference BLAS) did not reach the device's peak, and a peer's rate against it would
+    pass 100%."""
+    found = (first, *others)
+    if len(found) == 1:
+        return first
+    sources = {c.source for c in found}
+    return Ceilings(max(c.bandwidth for c in found), max(c.matmul_flops for c in found),
+                    sources.pop() if len(sources) == 1 else "measured+datasheet", first.device, first.dtype)
+
+
 @dataclass(frozen=True)
 class ParamCounts:
     """Parameters by role. `layer_matmul` are the linear weights of one block (no biases or norms)."""
