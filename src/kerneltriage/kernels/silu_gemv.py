@@ -34,8 +34,8 @@ def _silu_gemv(x_ptr, wg_ptr, wu_ptr, out_ptr, rows, n, k, sx, sw, so,
         w_mask = n_ok[:, None] & k_ok[None, :]
         wg = tl.load(wg_ptr + cols[:, None] * sw + kk[None, :], mask=w_mask, other=0.0)  # (BN, BK)
         wu = tl.load(wu_ptr + cols[:, None] * sw + kk[None, :], mask=w_mask, other=0.0)
-        gate += tl.dot(x, tl.trans(wg))
-        up += tl.dot(x, tl.trans(wu))
+        gate += tl.dot(x, tl.trans(wg), input_precision="ieee")  # float32 stays float32 (the default is TF32)
+        up += tl.dot(x, tl.trans(wu), input_precision="ieee")
         k0 += BK
     act = (gate * tl.sigmoid(gate)).to(out_ptr.dtype.element_ty).to(tl.float32)  # SiLU rounded as stock rounds it
     result = act * up.to(out_ptr.dtype.element_ty).to(tl.float32)

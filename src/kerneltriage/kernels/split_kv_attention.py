@@ -50,7 +50,7 @@ def _partial(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr,
         s_ok = s < keys
         k = tl.load(k_ptr + kv * skh + s[:, None] * sks + d[None, :] * skd, mask=s_ok[:, None] & d_ok[None, :],
                     other=0.0)  # (BLOCK, D)
-        scores = tl.dot(q, tl.trans(k)) * scale  # (ROWS, BLOCK)
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (ROWS, BLOCK); float32 not as TF32
         seen = row_ok[:, None] & s_ok[None, :]
         if HAS_MASK:
             seen = seen & (tl.load(mask_ptr + t[:, None] * smt + s[None, :] * sms, mask=seen, other=0) != 0)
@@ -62,7 +62,7 @@ def _partial(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr,
         v = tl.load(v_ptr + kv * svh + s[:, None] * svs + d[None, :] * svd, mask=s_ok[:, None] & d_ok[None, :],
                     other=0.0)  # (BLOCK, D)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
         tile += 1
     base = (kv * splits + split) * ROWS + r
