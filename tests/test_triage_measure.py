@@ -190,6 +190,9 @@ def test_lever_shares_follow_the_seams_and_phases_of_the_table() -> None:
     assert shares("one_sync") == pytest.approx({"prefill": 0.0, "decode": 0.5})  # the loop: the gap only
     assert shares("sdpa_backend=flash") == pytest.approx({"prefill": 0.3 + 0.4, "decode": 0.5})
     assert shares("kernel=pkg.mod:NAME") == {}  # no seam says what it touches: no share, no no-lever
+    breakdowns["decode"] = Breakdown("decode", 1e-3, {"q_proj": 6e-4, "attention": 6e-4}, None)  # no gap seen
+    assert shares("one_sync") == {"prefill": 0.0}  # host time not observed: no share, the timing decides
+    assert shares("packed_qkv")["decode"] == pytest.approx(0.5)  # a seam's classes still give one
 
 
 def test_baseline_evidence_from_the_gate_audit() -> None:

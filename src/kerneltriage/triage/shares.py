@@ -3,7 +3,9 @@
 
 A lever's share of a phase: the op classes of the seams it replaces plus the host/dispatch gap (a change in the
 ops issued moves host time too, so no-lever is claimed only where the step is device-bound and the ops are a
-small share); 0 in a phase the lever does not act on; unknown (no share) where no seam says what it touches.
+small share); 0 in a phase the lever does not act on; unknown (no share) where no seam says what it touches, or
+where a dispatch or loop lever's phase shows no host gap at all (the profile could not tell host from device time:
+MLX's, which times each op class apart; on the H200 it called `one_sync`'s measured 1.11× decode a no-lever).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ def lever_shares(setting: LeverSetting, breakdowns: Mapping[str, Breakdown]) -> 
     for phase, breakdown in breakdowns.items():
         if phase not in lever.phases:
             shares[phase] = 0.0
+        elif lever.stage != "model" and not classes and breakdown.gap_share <= 0.0:
+            continue  # no gap seen: the class times hold the host's time too (MLX times each class apart)
         elif classes or lever.stage != "model":
             ops = sum(breakdown.shares.get(cls, 0.0) for cls in classes)
             shares[phase] = min(1.0, ops + breakdown.gap_share)
