@@ -18,7 +18,6 @@ QUESTION_TITLES = {"delete": "Q1 can I delete work?", "fast-path": "Q2 can I unl
                    "dispatch": "Q3 can I cut dispatch/sync overhead?"}
 NOTHING = {"delete": "nothing measurable to delete", "fast-path": "no missed fast path found",
            "dispatch": "dispatch and syncs do not limit this workload"}
-DEVICE_BOUND_GAP = 0.2  # the device idles at most this share of a step: its own roofline limits it
 CONFIDENCE_RANK = {"measured": 0, "estimated": 1, "ceiling": 2, "low": 3}
 
 
@@ -125,7 +124,7 @@ class Report:
                     f"(floor {format_duration(numbers['floor_seconds_per_pass'])}/token)")
         roof = (f"{format_sig(numbers['roofline_pct'])}% of roofline (floor "
                 f"{format_duration(numbers['floor_seconds_per_pass'])}/token, measured {measured}/token)")
-        if decode.gap_share <= DEVICE_BOUND_GAP:
+        if decode.device_bound:
             return f"decode is {kind}-bound: {roof}"
         return f"decode is partly dispatch-bound ({idle}), {kind} floor: {roof}"
 
