@@ -102,3 +102,26 @@ def test_few_or_large_kernels_are_not_many_small_ones() -> None:
     assert q3_dispatch.graphed_step(few, {}, structure, gpu=True) is None
     large = Breakdown("decode", 10e-3, {UNATTRIBUTED: 9.5e-3}, None, kernels_per_token=KERNELS)  # 47.5 µs each
     assert q3_dispatch.graphed_step(large, {}, structure, gpu=True) is None
+
+
+def test_the_candidates_are_rendered_in_text_html_and_json() -> None:
+    from rich.console import Console
+
+    from kerneltriage.triage.html import render_html
+    from kerneltriage.triage.report import Report
+    from kerneltriage.triage.text import sections
+
+    backend = FakeBackend(noise=0.0, device="cuda", kernels=KERNELS, classes={UNATTRIBUTED: DEVICE_SHARE})
+    state = _triage(backend, "graphs")
+    config = {"model": "fake", "source": "fake", "levers": ["graphs"], "device": "cuda", "workload": {"gen": 4}}
+    report = Report(config, state.setup, state.breakdown, state.findings, notes=state.notes)
+    console = Console(width=200, record=True)
+    for section in sections(report):
+        console.print(section)
+    text = console.export_text()
+    assert "fusion candidate (graphed step)" in text and "qkv_rope_cache" in text and "1.136×" in text
+    page = render_html(report)
+    assert "fusion candidates of the graphed step" in page and "split_kv_attention" in page
+    recorded = next(f for f in report.to_dict()["findings"] if f["code"] == "graphed-step")
+    listed = {row["candidate"] for row in recorded["evidence"]["candidates"]}
+    assert listed == {candidate.name for candidate in fusion.CANDIDATES}

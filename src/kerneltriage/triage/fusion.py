@@ -53,7 +53,7 @@ CANDIDATES: tuple[Candidate, ...] = (
               adds=RESIDUAL_ADDS),
     Candidate("norm_prologue", "norm", "RMSNorm folded into the next GEMV's prologue (qkv, gate_up)", ("norms",)),
     Candidate("gate_up_silu", "gate_up", "gate_up GEMV with SiLU·mul in its epilogue", ("activation",)),
-    Candidate("residual_epilogue", "down", "down and o_proj GEMVs with the residual add in their epilogue",
+    Candidate("residual_epilogue", "o_proj, down", "down and o_proj GEMVs with the residual add in their epilogue",
               adds=RESIDUAL_ADDS),
     Candidate("qkv_rope_cache", "qkv", "qkv GEMV with RoPE and the KV-cache write in its epilogue",
               ("rope", "kv cache")),

@@ -13,6 +13,7 @@ from kerneltriage.triage.finding import Finding
 from kerneltriage.triage.measure import LeverResult
 
 QUESTION = "dispatch"
+GRAPHED_STEP = "graphed-step"
 GAP_SHARE_MIN = 0.10  # a host/dispatch gap below this share of a decode step is not worth a finding
 SYNCS_PER_TOKEN_FLOOR = 1.0  # streaming needs one readback per token; more than that is a planted wait
 SYNC_TOLERANCE = 0.05  # per-token counts are averages over the profiled window
@@ -100,7 +101,7 @@ def graphed_step(graphed: Breakdown | None, attributed: Mapping[str, float], str
     rows = fusion.rows(graphed, attributed, structure)
     count, per_kernel = graphed.kernels_per_token, seconds_per_kernel(graphed)
     return Finding(
-        QUESTION, "graphed-step", f"graphed step: {count:.0f} kernels per token, {per_kernel * 1e6:.2f} µs per "
+        QUESTION, GRAPHED_STEP, f"graphed step: {count:.0f} kernels per token, {per_kernel * 1e6:.2f} µs per "
         f"kernel, device-bound (gap {graphed.gap_share:.0%})",
         {"kernels_per_token": count, "seconds_per_kernel": per_kernel, "gap_share": graphed.gap_share,
          "step_seconds": graphed.step_seconds, "device_seconds": graphed.device_seconds,

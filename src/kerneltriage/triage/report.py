@@ -11,6 +11,7 @@ from kerneltriage.core.units import format_duration, format_sig
 from kerneltriage.triage import amdahl
 from kerneltriage.triage.breakdown import Breakdown
 from kerneltriage.triage.finding import Finding
+from kerneltriage.triage.q3_dispatch import GRAPHED_STEP
 
 RECOMMEND_MIN_GAIN = 1.02  # below a 2% end-to-end gain a change is not worth recommending
 QUESTIONS = ("delete", "fast-path", "dispatch")
@@ -90,6 +91,11 @@ class Report:
         its fused kernel here and on the other devices); torch's backends when no row names any (the CPU)."""
         found = dict.fromkeys(name for row in self.gates for name in row["usable"])
         return tuple(found) or TORCH_GATES
+
+    def fusion_candidates(self) -> list[dict[str, Any]]:
+        """The graphed step's fusion candidates, largest ceiling first ([] where Q3 after graphs found nothing)."""
+        found = next((f for f in self.findings if f.code == GRAPHED_STEP), None)
+        return [] if found is None else list(found.evidence["candidates"])
 
     def by_question(self, question: str) -> list[Finding]:
         return sorted((f for f in self.findings if f.question == question),
