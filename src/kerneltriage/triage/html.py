@@ -145,8 +145,8 @@ def _fusion_html(report: Report) -> str:
              f"{r['ceiling']:.3f}×"] for r in report.fusion_candidates()]
     if not rows:
         return ""
-    return ("<h2>fusion candidates of the graphed step (each ceiling alone)</h2>"
-            + _table(["candidate", "seam", "what", "kernels removed / token", "counted from", "share", "ceiling"], rows))
+    header = ["candidate", "seam", "what", "kernels removed / token", "counted from", "share", "ceiling"]
+    return "<h2>fusion candidates of the graphed step (each ceiling alone)</h2>" + _table(header, rows)
 
 
 def render_html(report: Report) -> str:
