@@ -98,14 +98,18 @@ class FakeRunner:
     def config(self) -> ModelConfig:
         return self.checkpoint.config
 
-    def _work(self, phase: str, seconds: float) -> None:
+    def factor(self, phase: str) -> float:
+        """What the levers on multiply a `phase` step's seconds by."""
         factor = 1.0
         for setting in self.run_config.levers:
-            effect = self.effects.get(setting.text, Effect())
-            factor *= getattr(effect, phase)
-            if effect.counts:
+            factor *= getattr(self.effects.get(setting.text, Effect()), phase)
+        return factor
+
+    def _work(self, phase: str, seconds: float) -> None:
+        for setting in self.run_config.levers:
+            if self.effects.get(setting.text, Effect()).counts:
                 self.counters[setting.text] += 1
-        self.clock_.now += seconds * factor * self.rng.lognormvariate(0.0, self.noise)
+        self.clock_.now += seconds * self.factor(phase) * self.rng.lognormvariate(0.0, self.noise)
         self.calls.append(f"{self.name} {phase}")
 
     def _logits(self, token: int, position: int) -> np.ndarray:
@@ -181,8 +185,14 @@ class FakeBackend:
 
     def __init__(self, effects: dict[str, Effect] | None = None, noise: float = 0.02, seed: int = 0,
                  noise_by_runner: dict[int, float] | None = None, classes: dict[str, float] | None = None,
-                 kernel: tuple[list, list] = ([], [])) -> None:
+                 kernel: tuple[list, list] = ([], []), device: str = "cpu", kernels: float = 10.0,
+                 graphed_classes: dict[str, float] | None = None, class_kernels: dict[str, float] | None = None
+                 ) -> None:
         self.classes = classes or {"q_proj": 0.2, "attention": 0.2, "norms": 0.1}  # op class → share of a step
+        self.graphed_classes = graphed_classes or self.classes  # … of a step of a runner with `graphs` on
+        self.kernels = kernels  # kernels per token the profile counts
+        self.class_kernels = class_kernels or {}  # op class → kernels per token, where the profile attributes them
+        self.device = device  # "cuda": a fake GPU (levers for CUDA build; triage asks its GPU questions)
         self.kernel_records = kernel  # (KernelChecks, KernelTimings) the kernel probes answer
         self.clock = FakeClock()
         self.effects = effects or {}
@@ -200,11 +210,12 @@ class FakeBackend:
     def build(self, checkpoint: Checkpoint, config: RunConfig, device: str = "cpu", dtype: str = "float32"
               ) -> FakeRunner:
         for setting in config.levers:  # as a real backend: a lever runs only on its devices
-            if "cpu" not in setting.lever.devices:
-                raise InputError(f"--levers {setting.text}: needs a CUDA device, not cpu")
+            if self.device not in setting.lever.devices:
+                raise InputError(f"--levers {setting.text}: needs a CUDA device, not {self.device}")
         index = len(self.built)
         runner = FakeRunner(checkpoint, config, self.clock, self.effects, random.Random(self.rng.random()),
-                            self.noise_by_runner.get(index, self.noise), calls=self.calls, name=f"r{index}")
+                            self.noise_by_runner.get(index, self.noise), calls=self.calls, name=f"r{index}",
+                            device=self.device, device_type=self.device)
         self.built.append(runner)
         return runner
 
@@ -228,8 +239,12 @@ class FakeBackend:
 
     def profile(self, runner: FakeRunner, phase: str, prefix: Sequence[int], tokens: Any) -> PhaseProfile:
         step = runner.prefill_seconds * len(tokens) if phase == "prefill" else runner.decode_seconds
-        classes = {name: share * step for name, share in self.classes.items()}
-        return PhaseProfile(phase, 1, 1, classes, sum(classes.values()), 10.0, 10.0, 0.0, 0.0, step)
+        step *= runner.factor(phase)
+        shares = self.graphed_classes if runner.run_config.has("graphs") else self.classes
+        classes = {name: share * step for name, share in shares.items()}
+        counts = {} if runner.run_config.has("graphs") else self.class_kernels  # a replay's kernels: unattributed
+        return PhaseProfile(phase, 1, 1, classes, sum(classes.values()), self.kernels, 10.0, 0.0, 0.0, step,
+                            class_kernels=dict(counts))
 
     def kernel_check(self, runner: FakeRunner, ref: str, rows: Sequence[int], depths: Sequence[int]) -> list:
         return self.kernel_records[0]
@@ -243,3 +258,18 @@ class FakeBackend:
     def census(self, runner: FakeRunner, phase: str, prefix: Sequence[int], tokens: Any) -> dict[str, Any]:
         return {"ops": 10.0, "readbacks": 1.0, "readback_sites": {}, "cpu_ops": 0.0, "cpu_op_sites": {},
                 "casts": 0.0, "cast_kinds": {}, "strided_copies": 0.0}
+
+
+def use_fake_host_clock(monkeypatch: Any) -> None:
+    """The bench harness's host clock reads the fake clock of whichever FakeBackend a test builds last."""
+    from kerneltriage.bench import harness
+
+    clocks: list = []
+    original = FakeBackend.__init__
+
+    def init(self: FakeBackend, *args: object, **kwargs: object) -> None:
+        original(self, *args, **kwargs)
+        clocks.append(self.clock)
+
+    monkeypatch.setattr(FakeBackend, "__init__", init)
+    monkeypatch.setattr(harness, "host_clock", lambda: clocks[-1]())

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from fake_backend import Effect, FakeBackend, fake_checkpoint
+from fake_backend import Effect, FakeBackend, fake_checkpoint, use_fake_host_clock
 from kerneltriage.bench import ab, harness
 from kerneltriage.bench.workloads import Test
 from kerneltriage.engine.configuration import RunConfig
@@ -23,16 +23,7 @@ def _runners(backend: FakeBackend, b: RunConfig = B) -> dict:
 
 @pytest.fixture(autouse=True)
 def fake_host_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The harness's host clock reads the fake clock of whichever backend a test builds last."""
-    clocks: list = []
-    original = FakeBackend.__init__
-
-    def init(self: FakeBackend, *args: object, **kwargs: object) -> None:
-        original(self, *args, **kwargs)
-        clocks.append(self.clock)
-
-    monkeypatch.setattr(FakeBackend, "__init__", init)
-    monkeypatch.setattr(harness, "host_clock", lambda: clocks[-1]())
+    use_fake_host_clock(monkeypatch)
 
 
 def _phase(backend: FakeBackend, test: Test, pairs: int = 5, b: RunConfig = B) -> ab.Phase:

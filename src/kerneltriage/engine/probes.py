@@ -105,6 +105,9 @@ class PhaseProfile:
     profiled_seconds: float  # wall time per pass under the profiler (inflated by it)
     output_rows: tuple[int, ...] = ()  # rows the output projection computed, per call
     attention_calls: tuple[SdpaCall, ...] = ()  # every SDPA call inside the window, as the model made it
+    # op class → kernels per token launched from it; a graph replay's kernels are one unattributed class, and a
+    # compiled step's one "other" class (its ranges are left out): there the counts cannot say what each op costs
+    class_kernels: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

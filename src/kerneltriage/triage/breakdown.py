@@ -8,11 +8,12 @@ from the unprofiled measurement.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 GAP_CLASS = "host/dispatch gap"
 DISPATCH_BOUND_GAP = 0.5  # the device idles at least half of each step: the host sets the pace
+DEVICE_BOUND_GAP = 0.2  # the device idles at most this share of a step: its own work limits it
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class Breakdown:
     launches_per_token: float = 0.0
     graph_launches_per_token: float = 0.0
     sync_calls_per_token: float = 0.0
+    class_kernels: Mapping[str, float] = field(default_factory=dict)  # op class → kernels per token (probes.py)
 
     def __post_init__(self) -> None:
         if not self.step_seconds > 0:
@@ -57,13 +59,18 @@ class Breakdown:
     def dispatch_bound(self) -> bool:
         return self.gap_share >= DISPATCH_BOUND_GAP
 
+    @property
+    def device_bound(self) -> bool:
+        return self.gap_share <= DEVICE_BOUND_GAP
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"shares": self.shares, "device_seconds": self.device_seconds,
-                               "gap_share": self.gap_share, "dispatch_bound": self.dispatch_bound}
+                               "gap_share": self.gap_share, "dispatch_bound": self.dispatch_bound,
+                               "device_bound": self.device_bound}
 
 
 def from_profile(profile: Any, step_seconds: float, host_seconds: float | None) -> Breakdown:
     """A Breakdown from a backend PhaseProfile and the measured seconds per forward pass."""
     return Breakdown(profile.phase, step_seconds, dict(profile.class_seconds), host_seconds,
                      profile.kernels_per_token, profile.launches_per_token, profile.graph_launches_per_token,
-                     profile.sync_calls_per_token)
+                     profile.sync_calls_per_token, dict(profile.class_kernels))

@@ -139,6 +139,16 @@ def _findings_html(report: Report) -> str:
     return _table(["question", "finding", "gain", "fix"], rows)
 
 
+def _fusion_html(report: Report) -> str:
+    """The graphed step's fusion candidates ('' where Q3 after graphs found nothing)."""
+    rows = [[r["candidate"], r["seam"], r["summary"], f"{r['kernels_removed']:.0f}", r["source"], f"{r['share']:.1%}",
+             f"{r['ceiling']:.3f}×"] for r in report.fusion_candidates()]
+    if not rows:
+        return ""
+    header = ["candidate", "seam", "what", "kernels removed / token", "counted from", "share", "ceiling"]
+    return "<h2>fusion candidates of the graphed step (each ceiling alone)</h2>" + _table(header, rows)
+
+
 def render_html(report: Report) -> str:
     """The whole page."""
     e = html.escape
@@ -150,7 +160,7 @@ def render_html(report: Report) -> str:
             f"<ul>{headlines}</ul><h2>where time goes</h2>{breakdown_plot(report)}"
             f"<h2>roofline</h2>{roofline_plot(report)}<h2>{e(QUESTION_TITLES['fast-path'])}</h2>"
             f"{_gates_table(report)}{sdpa_plot(report)}{sweep_plot(report)}"
-            f"<h2>findings</h2>{_findings_html(report)}<h2>recommendations</h2><ol>{ranked}</ol>"
+            f"<h2>findings</h2>{_findings_html(report)}{_fusion_html(report)}<h2>recommendations</h2><ol>{ranked}</ol>"
             f"<h2>notes</h2><ul>{notes}</ul></body></html>\n")
 
 

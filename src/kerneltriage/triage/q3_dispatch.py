@@ -6,16 +6,24 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from kerneltriage.triage import fusion
 from kerneltriage.triage.amdahl import speedup_if_free
 from kerneltriage.triage.breakdown import Breakdown
 from kerneltriage.triage.finding import Finding
 from kerneltriage.triage.measure import LeverResult
 
 QUESTION = "dispatch"
+GRAPHED_STEP = "graphed-step"
 GAP_SHARE_MIN = 0.10  # a host/dispatch gap below this share of a decode step is not worth a finding
 SYNCS_PER_TOKEN_FLOOR = 1.0  # streaming needs one readback per token; more than that is a planted wait
 SYNC_TOLERANCE = 0.05  # per-token counts are averages over the profiled window
 MAX_SHARE = 0.999
+# A graphed step is worth fusing when its kernels are many and small. A fused Llama decode layer needs about six
+# (norm+qkv, attention, o_proj+residual, norm+gate_up, down+residual, and one more): issue 13's reference point runs
+# Llama-3.2-1B's 16 layers in ~100 kernels per step. Twice that per layer is "many".
+MANY_KERNELS_PER_LAYER = 12
+# Below this mean time a kernel's fixed cost (launch, prologue, tail: a few µs) is a large part of it.
+SMALL_KERNEL_SECONDS = 10e-6
 
 
 def dispatch_gap(decode: Breakdown, gpu: bool) -> Finding | None:
@@ -72,9 +80,40 @@ def lever_finding(result: LeverResult, decode: Breakdown) -> Finding:
         f"--levers {result.lever}", "decode", result.lever)
 
 
+def seconds_per_kernel(step: Breakdown) -> float:
+    """Mean device seconds per kernel of a decode step (one token per pass)."""
+    return step.device_seconds / step.kernels_per_token
+
+
+def many_small_kernels(step: Breakdown, layers: int) -> bool:
+    """Graphs took the host out and kernel count × time per kernel is now the floor."""
+    return (step.device_bound and step.kernels_per_token >= MANY_KERNELS_PER_LAYER * layers
+            and seconds_per_kernel(step) <= SMALL_KERNEL_SECONDS)
+
+
+def graphed_step(graphed: Breakdown | None, attributed: Mapping[str, float], structure: fusion.Structure,
+                 gpu: bool) -> Finding | None:
+    """A graphed, device-bound step of many small kernels: its kernels per token, µs per kernel and gap, with one
+    fusion candidate per row and its Amdahl ceiling (nothing on the CPU, nor where the step is host-bound: there
+    graphs itself is the answer)."""
+    if not gpu or graphed is None or not many_small_kernels(graphed, structure.layers):
+        return None
+    rows = fusion.rows(graphed, attributed, structure)
+    count, per_kernel = graphed.kernels_per_token, seconds_per_kernel(graphed)
+    return Finding(
+        QUESTION, GRAPHED_STEP, f"graphed step: {count:.0f} kernels per token, {per_kernel * 1e6:.2f} µs per "
+        f"kernel, device-bound (gap {graphed.gap_share:.0%})",
+        {"kernels_per_token": count, "seconds_per_kernel": per_kernel, "gap_share": graphed.gap_share,
+         "step_seconds": graphed.step_seconds, "device_seconds": graphed.device_seconds,
+         "breakdown": graphed.to_dict(), "candidates": [row.to_dict() for row in rows]},
+        rows[0].ceiling, None, "ceiling",
+        "fewer, larger kernels: fuse at the seams listed (`kerneltriage kernel`), the largest ceiling first; "
+        "each ceiling is that candidate alone", "decode")
+
+
 def analyze(decode: Breakdown, census: Mapping[str, Any], gains: Mapping[str, LeverResult], gpu: bool
             ) -> list[Finding]:
-    """Every Q3 finding: the dispatch gap, extra syncs, and each measured dispatch lever."""
+    """Every Q3 finding but the graphed step's: the dispatch gap, extra syncs, and each measured dispatch lever."""
     found = [dispatch_gap(decode, gpu), extra_syncs(decode, census, gpu, gains.get("one_sync"))]
     found += [lever_finding(gain, decode) for gain in gains.values()]
     return [f for f in found if f is not None]

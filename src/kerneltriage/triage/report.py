@@ -11,6 +11,7 @@ from kerneltriage.core.units import format_duration, format_sig
 from kerneltriage.triage import amdahl
 from kerneltriage.triage.breakdown import Breakdown
 from kerneltriage.triage.finding import Finding
+from kerneltriage.triage.q3_dispatch import GRAPHED_STEP
 
 RECOMMEND_MIN_GAIN = 1.02  # below a 2% end-to-end gain a change is not worth recommending
 QUESTIONS = ("delete", "fast-path", "dispatch")
@@ -18,7 +19,6 @@ QUESTION_TITLES = {"delete": "Q1 can I delete work?", "fast-path": "Q2 can I unl
                    "dispatch": "Q3 can I cut dispatch/sync overhead?"}
 NOTHING = {"delete": "nothing measurable to delete", "fast-path": "no missed fast path found",
            "dispatch": "dispatch and syncs do not limit this workload"}
-DEVICE_BOUND_GAP = 0.2  # the device idles at most this share of a step: its own roofline limits it
 CONFIDENCE_RANK = {"measured": 0, "estimated": 1, "ceiling": 2, "low": 3}
 
 
@@ -92,6 +92,11 @@ class Report:
         found = dict.fromkeys(name for row in self.gates for name in row["usable"])
         return tuple(found) or TORCH_GATES
 
+    def fusion_candidates(self) -> list[dict[str, Any]]:
+        """The graphed step's fusion candidates, largest ceiling first ([] where Q3 after graphs found nothing)."""
+        found = next((f for f in self.findings if f.code == GRAPHED_STEP), None)
+        return [] if found is None else list(found.evidence["candidates"])
+
     def by_question(self, question: str) -> list[Finding]:
         return sorted((f for f in self.findings if f.question == question),
                       key=lambda f: (CONFIDENCE_RANK[f.confidence], -f.gain))
@@ -125,7 +130,7 @@ class Report:
                     f"(floor {format_duration(numbers['floor_seconds_per_pass'])}/token)")
         roof = (f"{format_sig(numbers['roofline_pct'])}% of roofline (floor "
                 f"{format_duration(numbers['floor_seconds_per_pass'])}/token, measured {measured}/token)")
-        if decode.gap_share <= DEVICE_BOUND_GAP:
+        if decode.device_bound:
             return f"decode is {kind}-bound: {roof}"
         return f"decode is partly dispatch-bound ({idle}), {kind} floor: {roof}"
 

@@ -18,7 +18,7 @@ from kerneltriage.engine.backend import Backend, Runner
 from kerneltriage.engine.levers import LEVERS, TABLE, LeverSetting
 from kerneltriage.engine.probes import at_keys, distinct_calls
 from kerneltriage.engine.speculative.config import AUTO_MAX_DEPTH, Speculation
-from kerneltriage.triage import amdahl, q1_delete, q2_fastpath, q3_dispatch
+from kerneltriage.triage import amdahl, graphed, q1_delete, q2_fastpath, q3_dispatch
 from kerneltriage.triage.breakdown import from_profile
 from kerneltriage.triage.context import ContextCost, measure_context
 from kerneltriage.triage.finding import Finding
@@ -180,6 +180,21 @@ def stage_dispatch(state: _State) -> None:
                     if not state.runner.run_config.has(name)]
     dispatch = {name: result for name, result in state.gains.items() if LEVERS[name.split("=")[0]].question == "dispatch"}
     state.findings += q3_dispatch.analyze(state.breakdown["decode"], state.census["decode"], dispatch, state.gpu)
+    if state.gpu:  # no kernels to count on the CPU
+        _graphed_step(state)
+
+
+def _graphed_step(state: _State) -> None:
+    """Q3 after graphs: the graphed step's kernels per token and the fusion candidates, when it is device-bound with
+    many small kernels. Kernel counts per op class come from the baseline's profile (where it attributes them)."""
+    step, note = graphed.graphed_decode(state.backend, state.runner, state.workload, state.budget,
+                                        state.breakdown["decode"], state.gains)
+    if note:
+        state.notes.append(note)
+    found = q3_dispatch.graphed_step(step, state.breakdown["decode"].class_kernels,
+                                     graphed.structure(state.runner, graphed=True), state.gpu)
+    if found is not None:
+        state.findings.append(found)
 
 
 def stage_outlook(state: _State) -> None:

@@ -137,6 +137,20 @@ def _dispatch(report: Report) -> Iterable[RenderableType]:
     sites = report.census.get("decode", {}).get("readback_sites", {})
     yield "readbacks per token: " + (", ".join(f"{site} ×{n:g}" for site, n in sites.items()) or "none")
     yield from _findings(report, "dispatch")
+    yield from _fusion(report)
+
+
+def _fusion(report: Report) -> Iterable[RenderableType]:
+    """The graphed step's fusion candidates, each ceiling that candidate alone (nothing where Q3 found none)."""
+    rows = report.fusion_candidates()
+    if not rows:
+        return
+    table = Table("fusion candidate (graphed step)", "seam", "kernels removed / token", "counted from", "share",
+                  "ceiling", title="each ceiling alone: the candidates overlap")
+    for row in rows:
+        table.add_row(row["candidate"], row["seam"], f"{row['kernels_removed']:.0f}", row["source"],
+                      _pct(row["share"]), f"{row['ceiling']:.3f}×")
+    yield table
 
 
 def _outlook(report: Report) -> Iterable[RenderableType]:

@@ -158,6 +158,7 @@ def _union_us(intervals: Sequence[tuple[float, float]]) -> float:
 @dataclass
 class _Tally:
     classes: dict[str, float] = field(default_factory=dict)  # microseconds
+    kernels: dict[str, int] = field(default_factory=dict)  # kernels launched per op class
     device: list[tuple[float, float]] = field(default_factory=list)
     launches: int = 0
     graph_launches: int = 0
@@ -192,7 +193,10 @@ def _tally(events: Sequence[Any], cuda: bool, default: str) -> _Tally:
         tally.graph_launches += event.name.startswith(GRAPH_LAUNCHES)
         tally.syncs += event.name in SYNC_CALLS
         if cuda:
-            tally.add(_range_class(event, default), sum(k.duration for k in event.kernels))
+            cls = _range_class(event, default)
+            tally.add(cls, sum(k.duration for k in event.kernels))
+            if event.kernels:
+                tally.kernels[cls] = tally.kernels.get(cls, 0) + len(event.kernels)
         elif event.name.startswith("aten::"):
             tally.add(_range_class(event, default), event.self_cpu_time_total)
     return tally
@@ -204,6 +208,9 @@ def _summarize(prof: Any, phase: str, passes: int, tokens: int, wall: float, cud
     if cuda:
         kernel_us = sum(end - start for start, end in tally.device)
         tally.add(UNATTRIBUTED, kernel_us - sum(tally.classes.values()))
+        unattributed = len(tally.device) - sum(tally.kernels.values())
+        if unattributed > 0:
+            tally.kernels[UNATTRIBUTED] = unattributed
         busy_us = _union_us(tally.device)
     else:
         busy_us = sum(tally.classes.values())
@@ -212,6 +219,7 @@ def _summarize(prof: Any, phase: str, passes: int, tokens: int, wall: float, cud
         phase, passes, tokens, {k: v * per_pass for k, v in sorted(tally.classes.items())}, busy_us * per_pass,
         len(tally.device) / tokens, tally.launches / tokens, tally.graph_launches / tokens, tally.syncs / tokens,
         wall / passes, tuple(seen.rows.get(OUTPUT_CLASS, ())), tuple(calls),
+        {k: n / tokens for k, n in sorted(tally.kernels.items())},
     )
 
 
