@@ -7,6 +7,7 @@ import functools
 import json
 import random
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -291,6 +292,51 @@ def test_controller_switches_off_and_retries_with_a_longer_cooldown() -> None:
     assert len(offs) >= 2 and "speculation off for 32 steps" in offs[0].reason
     assert "off for 64 steps" in offs[1].reason
     assert depths[-40:].count(0) > 30  # mostly plain decode at the end
+
+
+def drive_with_shadows(controller: DepthController, rate_at: Callable[[int], float], steps: int) -> list[int]:
+    """As `drive` (plain 10 ms, verify 10 ms + 3 ms per draft: a draft must be accepted ~30% to pay), and at every plain step a shadow draft of the
+    deepest k is started and scored token by token as the text comes, as the decoder does for a lookup drafter.
+    `rate_at(step)`: the chance that a draft token matches the text at that step."""
+    rng, depths, shadows = random.Random(0), [], []  # shadows: how far each pending shadow draft has matched
+    for step in range(steps):
+        rate, k = rate_at(step), controller.next_depth()
+        depths.append(k)
+        if k:
+            n = next((i for i in range(k) if rng.random() >= rate), k)
+            controller.observe_verify(k, n, k * 1e-4, (10.0 + k * 3.0) / 1e3)
+            shadows = []
+            continue
+        controller.observe_plain(0.010)
+        kept = []
+        for matched in shadows:
+            hit = rng.random() < rate
+            controller.observe_shadow(matched, hit)
+            if hit and matched + 1 < controller.deepest:
+                kept.append(matched + 1)
+        shadows = kept + [0]
+    return depths
+
+
+def test_controller_comes_back_on_when_the_text_turns_repetitive() -> None:
+    """150 steps where drafts fail (speculation goes off and stays off: the shadows say it would lose), then
+    the text repeats: the shadow drafts switch it back on within a few steps, not after a 32–512-step cooldown."""
+    turn = 150
+    controller = DepthController(None)
+    depths = drive_with_shadows(controller, lambda step: 0.05 if step < turn else 0.95, steps=200)
+    offs = [d for d in controller.decisions if d.depth == 0]
+    assert offs and offs[0].step < 20 and depths[turn - 100:turn].count(0) == 100  # off, no costly re-probes
+    back = next(step for step in range(turn, len(depths)) if depths[step])
+    assert back - turn <= 6, back - turn
+    resumed = next(d for d in controller.decisions if d.step >= turn)
+    assert "shadow drafts" in resumed.reason and min(depths[back + 10:]) >= 4  # k grows on from there
+
+
+def test_shadows_keep_speculation_off_while_it_would_lose() -> None:
+    controller = DepthController(None)
+    depths = drive_with_shadows(controller, lambda step: 0.05, steps=300)
+    assert depths[50:].count(0) == 250  # without shadows it re-probes after 32, 64, 128 steps
+    assert [d.depth for d in controller.decisions] == [0]
 
 
 def test_padded_controller_starts_deepest_and_keeps_it_when_drafts_pay() -> None:
