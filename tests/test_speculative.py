@@ -424,7 +424,8 @@ def real_plain(default_checkpoint, real_prompt) -> list[int]:
 # Fixed depths: acceptance is then a property of the text, not of the CPU's timing (auto depth may switch
 # speculation off after a few verifies). The target's first 26 of 30 layers accept ~0.4 of their drafts here.
 @pytest.mark.real_model
-@pytest.mark.parametrize("spec, depth, min_acceptance", [("ngram", "4", 0.5), ("selfdraft:26", "3", 0.3),
+@pytest.mark.parametrize("spec, depth, min_acceptance", [("ngram", "4", 0.5), ("suffix", "4", 0.5),
+                                                         ("selfdraft:26", "3", 0.3),
                                                          ("draft:default", "2", 0.9)])
 def test_real_model_greedy_speculation_equals_plain(default_checkpoint, real_prompt, real_plain, spec: str,
                                                     depth: str, min_acceptance: float) -> None:
