@@ -2,7 +2,7 @@
 bench harness (`prompts_sample`: every prompt decoded in turn, the decode time summed).
 
 Usage: python benchmarks/spec_prompts.py [--configs "levers=|levers=graphs|levers=graphs;spec=ngram"]
-           [-n 96] [--per-set 4] [--dtype float32]   (configs split on '|', each an `ab` side)
+           [-n 96] [--per-set 4] [--dtype float32] [--sets repetitive,plain]   (configs split on '|', each an `ab` side)
 Each config runs every prompt (chat template, greedy, EOS ignored so lengths match) once untimed (graph capture,
 compilation), then timed; decode tok/s is total decode tokens / total decode time. Outputs must equal the first
 config's, token for token. One runner per config serves both sets. For a verdict with an A/A band, use
@@ -38,6 +38,7 @@ def run_config(runner, prompts: tuple[tuple[int, ...], ...], new: int) -> dict:
         if runner.speculation is not None:  # the auto depth's decisions say why a prompt speculated less
             loop = runner.speculation
             row["spec"].append([loop.stats.summary()] + [f"step {d.step}: {d.reason}" for d in loop.controller.decisions])
+            row.setdefault("stats", []).append(loop.stats.brief())
     row["decode_tps"] = new * len(prompts) / row["decode_s"]
     return row
 
@@ -50,13 +51,14 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=96)
     parser.add_argument("--per-set", type=int, default=4)
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--sets", default="repetitive,plain", help="prompt sets (benchmarks/prompts/NAME.jsonl)")
     args = parser.parse_args()
     backend = get_backend()
     device = backend.resolve_device("auto")
     dtype = backend.resolve_dtype(args.dtype, device)
     checkpoint = load_checkpoint(args.model)
     sets = {name: load_prompt_set(PROMPTS / f"{name}.jsonl", checkpoint.tokenizer).prompts[: args.per_set]
-            for name in ("repetitive", "plain")}
+            for name in args.sets.split(",")}
     result = {"benchmark": "spec-prompts", "model": checkpoint.source, "dtype": dtype, "new_tokens": args.n,
               "sets": {name: {} for name in sets}, "environment": capture_environment()}
     out = Path(args.out) / f"spec-prompts-{device.split(':')[0]}-{dtype}.json"

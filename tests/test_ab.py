@@ -16,6 +16,7 @@ from kerneltriage.backends.torch import levers as torch_levers
 from kerneltriage.bench import ab
 from kerneltriage.bench.equivalence import (LOGIT_FLOOR, LOGIT_RTOL, REFERENCE_FACTOR, Correctness, check_outputs,
                                             check_timed)
+from kerneltriage.cli import ab as cli_ab
 from kerneltriage.cli.main import main
 from kerneltriage.core.errors import InputError
 from kerneltriage.core.ledger import Ledger
@@ -298,6 +299,17 @@ def test_prompts_file_drives_the_decode_samples_and_speculation_is_judged_on_it(
     assert decode["test"] == "tg4 × 2 prompts (copy)"
     assert result["counters"]["B"]["spec"] > 0  # the drafts came from the prompts
     assert result["correctness"]["passed"] and result["correctness"]["timed"] is None
+    spec = result["speculation"]["B"]  # the source's own figures over the timed runs: every verify counted
+    assert list(result["speculation"]) == ["B"] and spec["source"] == "ngram:3"
+    assert spec["verify_steps"] == result["counters"]["B"]["spec"] and spec["tokens_per_verify_step"] >= 1
+    assert len(spec["acceptance_by_position"]) >= 1
+
+
+def test_ab_text_names_each_side_s_draft_source() -> None:
+    stats = {"source": "suffix:16", "verify_steps": 3, "plain_steps": 2, "tokens_per_verify_step": 2.5,
+             "acceptance_by_position": [0.75, 0.5], "shadow_drafts": 4, "shadow_acceptance_by_position": [0.25]}
+    assert cli_ab._spec_line("B", stats) == ("spec B suffix:16: 3 verify + 2 plain steps, 2.50 tok/verify step, "
+                                             "acceptance by position 75% 50%; shadow drafts 4 (by position 25%)")
 
 
 @pytest.mark.parametrize(("content", "expected"), [("not json\n", "JSON-lines"), ('{"text": "x"}\n', "JSON-lines"),

@@ -18,6 +18,8 @@ SPECULATIVE = Path(__file__).resolve().parents[1] / "src" / "kerneltriage" / "en
 @pytest.mark.parametrize("spec, depth, expected", [
     ("ngram", None, Speculation("ngram")),
     ("ngram:2", "5", Speculation("ngram", ngram_max=2, depth=5)),
+    ("suffix", None, Speculation("suffix")),
+    ("suffix:4", "auto", Speculation("suffix", suffix_max=4)),
     ("selfdraft", "auto", Speculation("selfdraft")),
     ("selfdraft:12", "3", Speculation("selfdraft", layers=12, depth=3)),
     ("draft:./small.gguf", None, Speculation("draft", draft_model="./small.gguf")),
@@ -32,6 +34,7 @@ def test_parse_speculation(spec: str | None, depth: str | None, expected: Specul
     ("eagle", None, "expected ngram"), ("selfdraft:0", None, "expected ngram"), ("selfdraft:x", None, "expected"),
     ("draft:", None, "expected"), ("ngram:", None, "expected"), ("ngram:0", None, "expected ngram"),
     ("ngram", "0", "1..16"), ("ngram", "17", "1..16"), ("ngram", "deep", "or auto"), (None, "4", "needs --spec"),
+    ("suffix:0", None, "expected ngram"), ("suffix:17", None, "1..16"), ("suffix:", None, "expected"),
 ])
 def test_bad_spec_is_an_input_error(spec: str | None, depth: str | None, message: str) -> None:
     with pytest.raises(InputError, match=message):
@@ -43,6 +46,7 @@ def test_bad_spec_is_an_input_error(spec: str | None, depth: str | None, message
     (dict(source="ngram", depth=17), "depth=17"), (dict(source="ngram", layers=2), "layers=2"),
     (dict(source="selfdraft", layers=0), "layers=0"), (dict(source="draft"), "draft_model=None"),
     (dict(source="selfdraft", draft_model="x"), "draft_model='x'"), (dict(source="ngram", ngram_max=0), "ngram_max"),
+    (dict(source="suffix", suffix_max=0), "suffix_max"), (dict(source="suffix", suffix_max=17), "suffix_max"),
 ])
 def test_speculation_validates(changes: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -52,11 +56,12 @@ def test_speculation_validates(changes: dict, message: str) -> None:
 def test_label_says_what_runs() -> None:
     assert parse_speculation("selfdraft", "3").label == "selfdraft:half k=3"
     assert parse_speculation("ngram").label == "ngram:3 k=auto"
+    assert parse_speculation("suffix:8", "4").label == "suffix:8 k=4"
     assert parse_speculation("draft:small.gguf").label == "draft:small.gguf k=auto"
 
 
 @pytest.mark.parametrize("spec, depth, text", [
-    ("ngram", None, "ngram:3"), ("ngram:5", "2", "ngram:5"), ("selfdraft", "4", "selfdraft"),
+    ("ngram", None, "ngram:3"), ("ngram:5", "2", "ngram:5"), ("suffix", None, "suffix:16"), ("suffix:6", "4", "suffix:6"), ("selfdraft", "4", "selfdraft"),
     ("selfdraft:7", None, "selfdraft:7"), ("draft:models/small.gguf", "auto", "draft:models/small.gguf"),
 ])
 def test_source_text_parses_back_to_the_same_speculation(spec: str, depth: str | None, text: str) -> None:

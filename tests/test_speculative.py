@@ -7,6 +7,7 @@ import functools
 import json
 import random
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -30,7 +31,8 @@ NEW = 40  # tokens per tiny run
 # Chi-square goodness of fit at significance α = 0.001 (seeds are fixed: the outcome is reproducible).
 # Critical values of χ² with df degrees of freedom at α = 0.001 (standard tables; scipy.stats.chi2.isf(0.001, df)).
 CHI2_CRITICAL = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515}
-SELF_DRAFTS = ("selfdraft:2", "draft-self")  # the drafter is the whole target: every draft must be accepted
+SELF_DRAFTS = ("selfdraft:2", "draft-self")
+LOOKUPS = ("ngram", "suffix")  # draft from the text: a step without a match is a plain one  # the drafter is the whole target: every draft must be accepted
 
 
 @functools.cache
@@ -55,7 +57,7 @@ def tokens(runner, new: int = NEW, params: SamplingParams = GREEDY) -> list[int]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("source", ["ngram", "selfdraft:1", "selfdraft:2", "draft", "draft-self"])
+@pytest.mark.parametrize("source", ["ngram", "suffix", "selfdraft:1", "selfdraft:2", "draft", "draft-self"])
 @pytest.mark.parametrize("depth", ["3", "auto"])
 def test_greedy_speculation_equals_plain_greedy(arch: str, source: str, depth: str) -> None:
     expected = list(plain(arch))
@@ -65,7 +67,7 @@ def test_greedy_speculation_equals_plain_greedy(arch: str, source: str, depth: s
     stats = decoder.stats
     assert runner.counters[SPEC_COUNTER] == stats.verify_steps > 0
     assert stats.verify_tokens + len(stats.plain_seconds) == NEW - 1  # the first token comes from the prefill
-    if source != "ngram" and depth == "3":  # a model always drafts: every step a verify but a last lone token
+    if source not in LOOKUPS and depth == "3":  # a model always drafts: every step a verify but a last lone token
         assert len(stats.plain_seconds) <= 1
     if source in SELF_DRAFTS and depth == "3":
         assert stats.acceptance == 1.0 and stats.tokens_per_step > 3.5
@@ -292,6 +294,51 @@ def test_controller_switches_off_and_retries_with_a_longer_cooldown() -> None:
     assert depths[-40:].count(0) > 30  # mostly plain decode at the end
 
 
+def drive_with_shadows(controller: DepthController, rate_at: Callable[[int], float], steps: int) -> list[int]:
+    """As `drive` (plain 10 ms, verify 10 ms + 3 ms per draft: a draft must be accepted ~30% to pay), and at every plain step a shadow draft of the
+    deepest k is started and scored token by token as the text comes, as the decoder does for a lookup drafter.
+    `rate_at(step)`: the chance that a draft token matches the text at that step."""
+    rng, depths, shadows = random.Random(0), [], []  # shadows: how far each pending shadow draft has matched
+    for step in range(steps):
+        rate, k = rate_at(step), controller.next_depth()
+        depths.append(k)
+        if k:
+            n = next((i for i in range(k) if rng.random() >= rate), k)
+            controller.observe_verify(k, n, k * 1e-4, (10.0 + k * 3.0) / 1e3)
+            shadows = []
+            continue
+        controller.observe_plain(0.010)
+        kept = []
+        for matched in shadows:
+            hit = rng.random() < rate
+            controller.observe_shadow(matched, hit)
+            if hit and matched + 1 < controller.deepest:
+                kept.append(matched + 1)
+        shadows = kept + [0]
+    return depths
+
+
+def test_controller_comes_back_on_when_the_text_turns_repetitive() -> None:
+    """150 steps where drafts fail (speculation goes off and stays off: the shadows say it would lose), then
+    the text repeats: the shadow drafts switch it back on within a few steps, not after a 32–512-step cooldown."""
+    turn = 150
+    controller = DepthController(None)
+    depths = drive_with_shadows(controller, lambda step: 0.05 if step < turn else 0.95, steps=200)
+    offs = [d for d in controller.decisions if d.depth == 0]
+    assert offs and offs[0].step < 20 and depths[turn - 100:turn].count(0) == 100  # off, no costly re-probes
+    back = next(step for step in range(turn, len(depths)) if depths[step])
+    assert back - turn <= 6, back - turn
+    resumed = next(d for d in controller.decisions if d.step >= turn)
+    assert "shadow drafts" in resumed.reason and min(depths[back + 10:]) >= 4  # k grows on from there
+
+
+def test_shadows_keep_speculation_off_while_it_would_lose() -> None:
+    controller = DepthController(None)
+    depths = drive_with_shadows(controller, lambda step: 0.05, steps=300)
+    assert depths[50:].count(0) == 250  # without shadows it re-probes after 32, 64, 128 steps
+    assert [d.depth for d in controller.decisions] == [0]
+
+
 def test_padded_controller_starts_deepest_and_keeps_it_when_drafts_pay() -> None:
     controller = DepthController(None, padded=True)
     depths = drive(controller, [0.95], draft_ms=0.0, row_ms=0.5, steps=300)
@@ -377,7 +424,8 @@ def real_plain(default_checkpoint, real_prompt) -> list[int]:
 # Fixed depths: acceptance is then a property of the text, not of the CPU's timing (auto depth may switch
 # speculation off after a few verifies). The target's first 26 of 30 layers accept ~0.4 of their drafts here.
 @pytest.mark.real_model
-@pytest.mark.parametrize("spec, depth, min_acceptance", [("ngram", "4", 0.5), ("selfdraft:26", "3", 0.3),
+@pytest.mark.parametrize("spec, depth, min_acceptance", [("ngram", "4", 0.5), ("suffix", "4", 0.5),
+                                                         ("selfdraft:26", "3", 0.3),
                                                          ("draft:default", "2", 0.9)])
 def test_real_model_greedy_speculation_equals_plain(default_checkpoint, real_prompt, real_plain, spec: str,
                                                     depth: str, min_acceptance: float) -> None:

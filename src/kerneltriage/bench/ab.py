@@ -223,13 +223,17 @@ def run_ab(backend: Backend, runners: Mapping[str, Runner], settings: Settings, 
         runner.drop_cache()  # the correctness check left bigger caches on A and B than on A'
         runner.reset_cache(settings.context_needed)
     before = _executions(runners)
+    for runner in runners.values():
+        if runner.speculation is not None:
+            runner.speculation.reset_total()  # what the phases' runs do, warm-ups included
     phases = [measure_phase(runners, t, settings, progress, (shares or {}).get(t.phase)) for t in settings.tests]
     counters = {name: {key: n - before[name][key] for key, n in c.items()} for name, c in _executions(runners).items()}
+    speculation = {name: r.speculation.total.brief() for name, r in runners.items() if r.speculation is not None}
     correctness = _with_timed(backend, a, b, correctness, phases, settings)
     sustained, windows = sustain(runners, settings, progress) if settings.sustain else ([], {})
     report = Report(describe(runners, settings), correctness, counters,
                     sorted({key for c in counters.values() for key, n in c.items() if n == 0}),
-                    phases, sustained, windows)
+                    phases, sustained, windows, speculation=speculation)
     report.contention = verdict.band_contention({p.test.phase: p.band for p in phases}) or _load_contention(report)
     report.checklist = checklist(report, a.run_config, b.run_config, baseline_evidence)
     report.verdict = verdict.overall_verdict(

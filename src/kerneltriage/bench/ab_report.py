@@ -31,6 +31,7 @@ class Report:
     checklist: tuple[verdict.ChecklistItem, ...] = ()
     verdict: verdict.Verdict | None = None
     contention: str | None = None
+    speculation: dict[str, dict[str, Any]] = field(default_factory=dict)  # side → its draft source's stats
 
     @property
     def measurements(self) -> list[Measurement]:
@@ -51,7 +52,7 @@ class Report:
                                 "quality": {q: list(v) for q, v in c.quality.items()}},
                 "counters": self.counters, "silent_levers": self.silent, "contention": self.contention,
                 "sustained": {label: {"first_tok_s": f, "last_tok_s": la} for label, (f, la) in self.windows.items()},
-                "checklist": [item.to_dict() for item in self.checklist]}
+                "checklist": [item.to_dict() for item in self.checklist], "speculation": self.speculation}
 
 
 def checklist(report: Report, a: RunConfig, b: RunConfig, evidence: Mapping[str, str | None] | None

@@ -23,9 +23,9 @@ EPILOG = """examples:
   kerneltriage ab --b levers=graphs --output json > ab.json
   kerneltriage ab --a levers=graphs --b 'levers=graphs;spec=selfdraft:15;depth=4'   speculation under graphs
 
-A side is key=value pairs separated by ';': levers=a,b ('levers=' is stock), spec=ngram|selfdraft[:L]|draft:MODEL
-and depth=K|auto (speculative decoding, as --spec and --spec-depth on generate). The timed prompts are random
-tokens: prompt lookup (ngram) finds nothing to draft there, and a B whose speculation never verified is invalid;
+A side is key=value pairs separated by ';': levers=a,b ('levers=' is stock), spec=ngram[:N]|suffix[:N]|selfdraft[:L]|
+draft:MODEL and depth=K|auto (speculative decoding, as --spec and --spec-depth on generate). The timed prompts are random
+tokens: prompt lookup (ngram, suffix) finds nothing to draft there, and a B whose speculation never verified is invalid;
 --prompts FILE.jsonl decodes after each of a file's prompts instead (benchmarks/prompts/ has sets).
 Order of work: greedy digests of A and B must match (levers that reorder the arithmetic may instead stay
 within a stated logit tolerance: in bf16 the lever in float32 within 1e-4 of float32 stock, and no further
@@ -132,6 +132,16 @@ def _phase_line(phase: dict) -> str:
     return f"phase {phase['phase']}: {phase['reason']}{warned}"
 
 
+def _spec_line(side: str, stats: dict) -> str:
+    """One side's draft source over the timed runs: tokens per verify step, acceptance by position, shadows."""
+    percent = lambda rates: " ".join(f"{rate:.0%}" for rate in rates) or "-"  # noqa: E731
+    shadow = (f"; shadow drafts {stats['shadow_drafts']} (by position "
+              f"{percent(stats['shadow_acceptance_by_position'])})" if stats["shadow_drafts"] else "")
+    return (f"spec {side} {stats['source']}: {stats['verify_steps']} verify + {stats['plain_steps']} plain steps, "
+            f"{stats['tokens_per_verify_step']:.2f} tok/verify step, acceptance by position "
+            f"{percent(stats['acceptance_by_position'])}{shadow}")
+
+
 def _lines(result: dict) -> list[str]:
     """Everything below the table: overall verdict, outputs, executions, sustained window, checklist."""
     config = result["config"]
@@ -143,6 +153,7 @@ def _lines(result: dict) -> list[str]:
              f"outputs: {'ok' if result['correctness']['passed'] else 'DIFFER'} — {result['correctness']['detail']}",
              f"executed in the timed runs: {executed}"]
     lines += [_phase_line(p) for p in result["phases"]]
+    lines += [_spec_line(side, stats) for side, stats in result.get("speculation", {}).items()]
     lines += [f"sustained {label}: {w['first_tok_s']:,.1f} → {w['last_tok_s']:,.1f} tok/s "
               f"({w['last_tok_s'] / w['first_tok_s'] - 1:+.1%}) first → last window"
               for label, w in result["sustained"].items()]

@@ -13,6 +13,7 @@ from typing import Any
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.levers import help_table
+from kerneltriage.engine.speculative.config import SPEC_HELP
 
 def _presets_help() -> str:
     from kerneltriage.engine.presets import PRESETS
@@ -41,7 +42,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
     add = parser.add_argument
     add("--levers", default="", help="comma-separated levers to switch on (listed below), e.g. last_logits,graphs")
-    add("--spec", default=None, help="speculative decoding: ngram[:N] | selfdraft[:L] | draft:MODEL")
+    add("--spec", default=None, help=f"speculative decoding: {SPEC_HELP}")
     add("--spec-depth", default=None, help="draft tokens per step: 1..16 or auto (default: auto)")
 
 

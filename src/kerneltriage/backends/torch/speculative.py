@@ -18,6 +18,7 @@ from kerneltriage.engine.speculative.config import Speculation, check_same_vocab
 from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
 from kerneltriage.engine.speculative.draft import Draft, Drafter
 from kerneltriage.engine.speculative.ngram import NgramDrafter
+from kerneltriage.engine.speculative.suffix import SuffixDrafter
 
 
 def draft_tokens(model: Model, feed: list[int], start: int, k: int, sampler: TorchSampler) -> Draft:
@@ -100,6 +101,8 @@ def build_drafter(speculation: Speculation, runner: Runner) -> Drafter:
     """The drafter `speculation` names for this target; selfdraft layers beyond the model's are an InputError."""
     if speculation.source == "ngram":
         return NgramDrafter(speculation.ngram_max)
+    if speculation.source == "suffix":
+        return SuffixDrafter(speculation.suffix_max)
     if speculation.source == "selfdraft":
         total = runner.config.num_layers
         layers = speculation.layers or max(total // 2, 1)

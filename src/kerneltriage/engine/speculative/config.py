@@ -1,5 +1,5 @@
-"""What `--spec` and `--spec-depth` ask for: the speculation's source (prompt lookup, the target's own first
-layers, or a draft model) and its depth, parsed once; and the draft model's vocabulary check."""
+"""What `--spec` and `--spec-depth` ask for: the speculation's source (prompt lookup, longest-match lookup, the
+target's own first layers, or a draft model) and its depth, parsed once; and the draft model's vocabulary check."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ from kerneltriage.core.errors import InputError
 if TYPE_CHECKING:
     from kerneltriage.engine.checkpoint import Checkpoint
 
-SOURCES = ("ngram", "selfdraft", "draft")
+SOURCES = ("ngram", "suffix", "selfdraft", "draft")
 MAX_DEPTH = 16  # deepest --spec-depth accepted
 AUTO_START_DEPTH = 4  # where --spec-depth auto begins
 AUTO_MAX_DEPTH = 8  # auto grows k no further
 DEFAULT_NGRAM = 3  # ngram: longest context suffix matched
-SPEC_HELP = "ngram[:N] | selfdraft[:L] | draft:MODEL"
+DEFAULT_SUFFIX = MAX_DEPTH  # suffix: most tokens one step drafts (the match's statistics pick fewer)
+SPEC_HELP = "ngram[:N] | suffix[:N] | selfdraft[:L] | draft:MODEL"
+LOOKUP_SOURCES = ("ngram", "suffix")  # drafting from the text alone: no forward, so it can be scored for free
 VOCAB_PROBE = "The quick brown fox → 42 façades, 東京 and `def f(x): return x**2` {\"a\": [1, 2]}"
 
 
@@ -29,6 +31,7 @@ class Speculation:
     draft_model: str | None = None  # draft: the --model spec of the draft model
     depth: int | None = None
     ngram_max: int = DEFAULT_NGRAM
+    suffix_max: int = DEFAULT_SUFFIX  # suffix: most tokens one step drafts
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -41,17 +44,26 @@ class Speculation:
             raise ValueError(f"depth={self.depth}: expected 1..{MAX_DEPTH} or None (auto)")
         if self.ngram_max < 1:
             raise ValueError(f"ngram_max={self.ngram_max}: expected >= 1")
+        if not 1 <= self.suffix_max <= MAX_DEPTH:
+            raise ValueError(f"suffix_max={self.suffix_max}: expected 1..{MAX_DEPTH}")
 
     @property
     def source_text(self) -> str:
         """`--spec` as written, parameters explicit where they have a default: `ngram:3`, `selfdraft`."""
-        arg = {"ngram": str(self.ngram_max), "selfdraft": self.layers and str(self.layers), "draft": self.draft_model}
+        arg = {"ngram": str(self.ngram_max), "suffix": str(self.suffix_max),
+               "selfdraft": self.layers and str(self.layers), "draft": self.draft_model}
         return self.source + (f":{arg[self.source]}" if arg[self.source] else "")
+
+    @property
+    def lookup(self) -> bool:
+        """Drafts from the text alone (no forward)."""
+        return self.source in LOOKUP_SOURCES
 
     @property
     def label(self) -> str:
         """`--spec` as the user would write it, with the depth."""
-        arg = {"ngram": str(self.ngram_max), "selfdraft": str(self.layers or "half"), "draft": self.draft_model}
+        arg = {"ngram": str(self.ngram_max), "suffix": str(self.suffix_max),
+               "selfdraft": str(self.layers or "half"), "draft": self.draft_model}
         return f"{self.source}:{arg[self.source]} k={self.depth or 'auto'}"
 
 
@@ -67,11 +79,15 @@ def parse_speculation(spec: str | None, depth: str | None = None) -> Speculation
         if not arg:
             raise bad
         return Speculation("draft", draft_model=arg, depth=_parse_depth(depth))
-    if source not in ("ngram", "selfdraft") or (colon and not (arg.isdigit() and int(arg) > 0)):
+    if source not in ("ngram", "suffix", "selfdraft") or (colon and not (arg.isdigit() and int(arg) > 0)):
         raise bad
     count = int(arg) if arg else None
     if source == "ngram":
         return Speculation("ngram", depth=_parse_depth(depth), ngram_max=count or DEFAULT_NGRAM)
+    if source == "suffix":
+        if count is not None and count > MAX_DEPTH:
+            raise InputError(f"--spec {spec!r}: suffix:N takes N in 1..{MAX_DEPTH}")
+        return Speculation("suffix", depth=_parse_depth(depth), suffix_max=count or DEFAULT_SUFFIX)
     return Speculation("selfdraft", layers=count, depth=_parse_depth(depth))
 
 

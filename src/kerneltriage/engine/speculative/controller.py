@@ -1,5 +1,6 @@
 """The depth controller: picks the draft depth k before each step (0 = a plain step) from measured costs and
-acceptance, and switches speculation off while it does not pay."""
+acceptance, switches speculation off while it does not pay, and back on as soon as shadow acceptance (what a
+lookup drafter would have drafted during the plain steps, engine/speculative/shadow.py) says it pays again."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ CALIBRATION_STEPS = 2  # plain steps that measure the plain step's cost before a
 DECAY = 0.8  # weight kept by older steps in the acceptance estimates: they follow the text within ~5 steps
 COST_WINDOW = 8  # costs are medians of the last steps: one slow step (a hiccup) decides nothing
 SHRINK_MARGIN = 0.02  # padded: the deepest k whose estimate is within this of the best one is kept
-COOLDOWN_STEPS = 32  # plain steps after speculation is switched off, doubled at each switch-off
-MAX_COOLDOWN = 512
+COOLDOWN_STEPS = 32  # plain steps after speculation is switched off, doubled at each switch-off: a drafter
+MAX_COOLDOWN = 512  # without shadows (a model) is re-probed after them; with shadows, they decide instead
+SHADOW_MIN = 4  # shadow tokens scored since the switch-off before they may switch speculation back on
+RESUME_SPEEDUP = 1.05  # estimated speed-up at which shadows switch it back on: above 1, so it does not flap
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,9 @@ class DepthController:
     before it accepted), and costs C(j) = plain + j·(draft per token + verify per extra row): a line through the
     measured plain step (M = 1) and the measured verify steps (costs are medians of recent steps). Speculating
     pays while E(j)·plain > C(j); k is set to the best j ≤ k + 1, and when even that loses, speculation is off
-    for a cooldown of plain steps. Padded (every verify has the deepest k's rows, so C(j) grows with drafting only),
+    until shadow drafts (scored for free during plain steps, `observe_shadow`) bring the estimate back to
+    RESUME_SPEEDUP — with the measured costs kept from before; a drafter that cannot shadow waits out a cooldown of
+    plain steps and re-measures. Padded (every verify has the deepest k's rows, so C(j) grows with drafting only),
     any j is an option and the deepest one within SHRINK_MARGIN of the best is kept. A fixed depth (`depth` given)
     is never changed.
     """
@@ -47,17 +52,20 @@ class DepthController:
         # auto depth starts at the deepest and only the drafting cost grows with k.
         self.padded = padded
         self.decisions: list[Decision] = []
-        self.steps = self.plain_seen = self.cooldown = 0
+        self.steps = self.plain_seen = self.cooldown = self.shadows = 0
+        self.off = False  # speculation switched off by the cost model
         self.next_cooldown = COOLDOWN_STEPS
         self.plain_costs: deque[float] = deque(maxlen=COST_WINDOW)
+        self.draft_costs: deque[float] = deque(maxlen=COST_WINDOW)  # seconds per drafted token
+        self.row_costs: deque[float] = deque(maxlen=COST_WINDOW)  # verify seconds per row beyond the first
         self._reset_estimates()
 
     def _reset_estimates(self) -> None:
+        """Acceptance starts afresh (the text may have changed); measured costs are kept."""
         self.reached = [0.0] * self.max_depth
         self.accepted = [0.0] * self.max_depth
-        self.draft_costs: deque[float] = deque(maxlen=COST_WINDOW)  # seconds per drafted token
-        self.row_costs: deque[float] = deque(maxlen=COST_WINDOW)  # verify seconds per row beyond the first
         self.until_judged = WARMUP_STEPS
+        self.shadows = 0
 
     @property
     def deepest(self) -> int:
@@ -65,7 +73,7 @@ class DepthController:
         return self.max_depth if self.adaptive else self.depth
 
     def next_depth(self) -> int:
-        if self.adaptive and (self.plain_seen < CALIBRATION_STEPS or self.cooldown > 0):
+        if self.adaptive and (self.plain_seen < CALIBRATION_STEPS or self.off):
             return 0
         return self.depth
 
@@ -73,15 +81,39 @@ class DepthController:
         self.steps += 1
         self.plain_seen += 1
         self.plain_costs.append(seconds)
-        if self.cooldown:
+        if self.off and self.cooldown:
             self.cooldown -= 1
-            if not self.cooldown:
+            if not self.cooldown and self.shadows < SHADOW_MIN:  # no shadows to judge by: re-measure
+                self.off = False
                 self._decide(self.depth, f"speculation back on at k={self.depth}: re-measuring acceptance")
+
+    def observe_shadow(self, position: int, hit: bool) -> None:
+        """A shadow draft's token at `position` was (or was not) the one emitted: what a verify would have
+        accepted. Position 0 opens a new draft, so the older ones decay then, as at a verify. While off, switches
+        speculation back on as soon as the estimate pays."""
+        if position == 0:
+            self.reached = [DECAY * r for r in self.reached]
+            self.accepted = [DECAY * a for a in self.accepted]
+        if position < self.max_depth:
+            self.reached[position] += 1
+            self.accepted[position] += hit
+        self.shadows += 1
+        if not (self.adaptive and self.off and self.shadows >= SHADOW_MIN and self.row_costs):
+            return
+        fastest, best, options = self._options(self.max_depth)
+        if options[fastest] >= RESUME_SPEEDUP:
+            self.off, self.cooldown = False, 0
+            self._decide(best, f"shadow drafts: {self.expected_tokens(best):.2f} tok/step, est. speed-up "
+                               f"{options[best]:.2f}× at k={best}: speculation back on")
+
+    def _learn(self, drafted: int, accepted: int) -> None:
+        """Decayed counts of the positions a verify checked (0..min(accepted, drafted-1)) and accepted."""
+        self.reached = [DECAY * r + (i <= min(accepted, drafted - 1)) for i, r in enumerate(self.reached)]
+        self.accepted = [DECAY * a + (i < accepted) for i, a in enumerate(self.accepted)]
 
     def observe_verify(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
         self.steps += 1
-        self.reached = [DECAY * r + (i <= min(accepted, drafted - 1)) for i, r in enumerate(self.reached)]
-        self.accepted = [DECAY * a + (i < accepted) for i, a in enumerate(self.accepted)]
+        self._learn(drafted, accepted)
         self.draft_costs.append(draft_s / drafted)
         if self.plain_costs:
             rows = self.deepest if self.padded else drafted  # rows beyond the first that the verify computed
@@ -106,19 +138,23 @@ class DepthController:
         cost = plain + depth * median(self.draft_costs) + rows * median(self.row_costs)
         return self.expected_tokens(depth) * plain / cost
 
-    def _judge(self) -> None:
-        self.until_judged = WARMUP_STEPS
-        # Padded, any k costs the verify the same: every k is an option. A shallower one then saves drafting time
-        # only, and the positions it stops drafting are no longer observed (an early miss would pin k for good):
-        # the deepest option within SHRINK_MARGIN of the best is kept. Unpadded, a tie goes to the deeper one.
-        top = self.max_depth if self.padded else min(self.depth + 1, self.max_depth)
+    def _options(self, top: int) -> tuple[int, int, dict[int, float]]:
+        """(the fastest k, the k to take, estimated speed-up per k ≤ top). Padded, any k costs the verify the same:
+        a shallower one saves drafting time only, and the positions it stops drafting are no longer observed (an
+        early miss would pin k for good): the deepest option within SHRINK_MARGIN of the best is taken. Unpadded,
+        a tie goes to the deeper one."""
         options = {j: self.speedup(j) for j in range(top, 0, -1)}  # deepest first
         fastest = max(options, key=options.__getitem__)
+        floor = max(options[fastest] * (1.0 - (SHRINK_MARGIN if self.padded else 0.0)), 1.0)
+        best = next((j for j, speedup in options.items() if speedup >= floor), fastest)
+        return fastest, best, options
+
+    def _judge(self) -> None:
+        self.until_judged = WARMUP_STEPS
+        fastest, best, options = self._options(self.max_depth if self.padded else min(self.depth + 1, self.max_depth))
         if options[fastest] < 1.0:
             self._switch_off(fastest, options[fastest])
             return
-        floor = max(options[fastest] * (1.0 - (SHRINK_MARGIN if self.padded else 0.0)), 1.0)
-        best = next(j for j, speedup in options.items() if speedup >= floor)
         if best != self.depth:
             kept = f", the deepest within {SHRINK_MARGIN:.0%} of k={fastest}'s {options[fastest]:.2f}×" \
                 if best != fastest else ""
@@ -128,9 +164,10 @@ class DepthController:
     def _switch_off(self, best: int, speedup: float) -> None:
         tokens, plain = self.expected_tokens(best), median(self.plain_costs) * 1e3
         self.cooldown, self.next_cooldown = self.next_cooldown, min(2 * self.next_cooldown, MAX_COOLDOWN)
+        self.off = True
         self._decide(0, f"{tokens:.2f} tok/step × plain {plain:.2f} ms = {tokens * plain:.2f} ms < "
                         f"{tokens * plain / speedup:.2f} ms per step at k={best}: speculation off for "
-                        f"{self.cooldown} steps")
+                        f"{self.cooldown} steps, or until shadow drafts pay")
         self.depth = self.max_depth if self.padded else best
         self._reset_estimates()
 

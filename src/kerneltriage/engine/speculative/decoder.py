@@ -3,7 +3,8 @@
 Each step drafts k tokens, runs the target once over [last, d1..dk] (M = k+1 rows, a causal block after the
 filled cache), keeps the accepted prefix plus one token of the target's own (the sampler's exact acceptance),
 and trims the cache past the rest. A runner whose steps are captured at fixed shapes pads every verify to the
-deepest step's k+1 rows. The controller picks k before each step, 0 being a plain step.
+deepest step's k+1 rows. The controller picks k before each step, 0 being a plain step; during plain steps a
+lookup drafter's proposals are scored against the emitted tokens (shadow acceptance) for the controller.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from kerneltriage.engine.speculative.config import Speculation
 from kerneltriage.engine.speculative.controller import DepthController
 from kerneltriage.engine.speculative.draft import Drafter
+from kerneltriage.engine.speculative.shadow import Shadow
 from kerneltriage.engine.speculative.stats import SpecStats
 
 if TYPE_CHECKING:
@@ -22,12 +24,19 @@ SPEC_COUNTER = "spec"  # runner.counters key: verify steps run (proof that specu
 
 
 class SpeculativeDecoder:
-    """A drop-in token loop. After a run, `stats` and `controller.decisions` describe it."""
+    """A drop-in token loop. After a run, `stats` and `controller.decisions` describe it; `total` adds up every
+    run since `reset_total` (what an A/B's timed runs did)."""
 
     def __init__(self, speculation: Speculation, drafter: Drafter) -> None:
         self.speculation, self.drafter = speculation, drafter
-        self.stats = SpecStats()
+        self.stats = SpecStats(speculation.source_text)
         self.controller = DepthController(speculation.depth)
+        self.shadow = Shadow()
+        self.shadows = getattr(drafter, "shadows", False)  # drafting costs no forward: score it during plain steps
+        self.reset_total()
+
+    def reset_total(self) -> None:
+        self.total = SpecStats(self.speculation.source_text)
 
     def rows(self, runner: "Steps") -> int:
         """Rows of every verify forward: the deepest k + 1 where verifies are captured at a fixed shape, else 0."""
@@ -38,19 +47,38 @@ class SpeculativeDecoder:
             raise RuntimeError(f"speculative loop: the sampler holds {len(sampler.prompt)} prompt tokens, "
                                f"the cache {start}")
         rows = self.rows(runner)
-        self.stats, self.controller = SpecStats(), DepthController(self.speculation.depth, padded=rows > 0)
+        self.stats = SpecStats(self.speculation.source_text)
+        self.controller = DepthController(self.speculation.depth, padded=rows > 0)
         self.drafter.reset(runner, start + count)
+        self.shadow.clear()
         context = list(sampler.prompt) + [runner.read_later(sampler(logits)).result()]
         yield context[-1]
-        while len(context) < start + count:
-            # a step emits at most k+1 tokens and writes positions up to len(context)-1+k: stay inside count,
-            # and a padded verify must fit in the cache (its slack) or the step is a plain one
-            k = min(self.controller.next_depth(), start + count - len(context) - 1)
-            if len(context) - 1 + max(rows - 1, k) >= runner.cache_capacity:
-                k = 0
-            emitted = self.step(runner, context, k, sampler, rows)
-            context += emitted
-            yield from emitted
+        try:
+            while len(context) < start + count:
+                # a step emits at most k+1 tokens and writes positions up to len(context)-1+k: stay inside count,
+                # and a padded verify must fit in the cache (its slack) or the step is a plain one
+                k = min(self.controller.next_depth(), start + count - len(context) - 1)
+                if len(context) - 1 + max(rows - 1, k) >= runner.cache_capacity:
+                    k = 0
+                emitted = self.step(runner, context, k, sampler, rows)
+                context += emitted
+                self._follow(context, k, sampler)
+                yield from emitted
+        finally:  # a stop string closes the loop early: what ran still counts
+            self.total.merge(self.stats)
+
+    def _follow(self, context: list[int], k: int, sampler: "Sampler") -> None:
+        """After a plain step the controller chose (k = 0): score the pending shadow drafts against the emitted
+        token and start one more from here. A verify step measures acceptance itself."""
+        if k or not self.shadows:
+            self.shadow.clear()
+            return
+        for position, hit in self.shadow.score(context[-1]):
+            self.stats.record_shadow(position, hit)
+            self.controller.observe_shadow(position, hit)
+        draft = self.drafter.draft(context, self.controller.deepest, sampler)
+        if draft is not None:
+            self.shadow.start(list(draft.tokens))
 
     def step(self, runner: "Steps", context: list[int], k: int, sampler: "Sampler", rows: int = 0) -> list[int]:
         """Draft up to k tokens after `context`, verify them (or decode plainly); returns the tokens emitted."""

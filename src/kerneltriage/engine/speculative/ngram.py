@@ -45,6 +45,8 @@ class NgramIndex:
 class NgramDrafter:
     """Prompt lookup: propose what followed the latest earlier occurrence of the context's suffix."""
 
+    shadows = True  # drafting runs no forward: the loop may score what it would draft during plain steps
+
     def __init__(self, max_n: int) -> None:
         self.max_n = max_n
         self.index = NgramIndex(max_n)

@@ -1,0 +1,88 @@
+"""The suffix drafter: the automaton's longest earlier match against brute force, the continuation it proposes,
+and the draft length that follows the match's statistics (greedy exactness: test_speculative.py)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kerneltriage.engine.speculative.suffix import LONG_MATCH, SuffixAutomaton, SuffixDrafter, draft_length
+
+
+def brute_longest_earlier_match(tokens: list[int]) -> int:
+    """The longest suffix of `tokens` that also ends at an earlier position (0 if none)."""
+    n = len(tokens)
+    for size in range(n - 1, 0, -1):
+        suffix = tokens[n - size:]
+        if any(tokens[end - size:end] == suffix for end in range(size, n)):
+            return size
+    return 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=60), st.sampled_from([1, 2, 4]))
+def test_match_is_the_longest_earlier_occurrence(tokens: list[int], alphabet: int) -> None:
+    tokens = [t % alphabet for t in tokens]  # small alphabets: long repeats and many clones
+    automaton = SuffixAutomaton()
+    for n in range(1, len(tokens) + 1):
+        automaton.extend(tokens[n - 1:n])
+        match = automaton.match
+        assert match.length == brute_longest_earlier_match(tokens[:n])
+        if match.length:  # the occurrence it names really is an earlier copy of the suffix
+            assert match.end < n - 1
+            assert tokens[match.end - match.length + 1:match.end + 1] == tokens[n - match.length:n]
+
+
+def test_extending_in_pieces_equals_extending_at_once() -> None:
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2, 6, 4, 3, 3, 8, 3, 2, 7, 9, 5]
+    whole, pieces = SuffixAutomaton(), SuffixAutomaton()
+    whole.extend(tokens)
+    for i in range(0, len(tokens), 5):
+        pieces.extend(tokens[i:i + 5])
+    assert whole.match == pieces.match and whole.length == pieces.length and whole.next == pieces.next
+
+
+def test_drafter_proposes_the_continuation_of_a_planted_repetition() -> None:
+    """A 12-token phrase planted in noise and then begun again: the drafter proposes the rest of it."""
+    phrase = [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51]
+    context = [7, 9, 8] + phrase + [1, 2, 3, 5, 6] + phrase[:5]
+    draft = SuffixDrafter(16).draft(context, 7, sampler=None)
+    assert draft is not None and draft.tokens == phrase[5:10]  # as many tokens as matched: 5
+    draft = SuffixDrafter(16).draft(context + phrase[5:8], 7, sampler=None)
+    assert draft is not None and draft.tokens == phrase[8:12] + [1, 2, 3]  # a long match: k, past the phrase
+    assert SuffixDrafter(16).draft([1, 2, 3, 4, 5], 4, sampler=None) is None  # nothing recurs: no draft
+
+
+def test_drafter_copies_past_the_end_of_a_short_period() -> None:
+    drafter = SuffixDrafter(16)
+    draft = drafter.draft([9, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3], 8, sampler=None)
+    assert draft is not None and draft.tokens == [1, 2, 3, 1, 2, 3, 1, 2]
+
+
+def test_draft_length_follows_the_match_statistics() -> None:
+    assert draft_length(0, 0, 8) == 0
+    assert draft_length(1, 0, 8) == 0  # a one-token match whose earlier occurrences disagreed: nothing
+    assert draft_length(1, 5, 8) == 1  # ... that always continued the same way: one token
+    assert draft_length(3, 0, 8) == 1  # a short match stops at the first branch
+    assert [draft_length(m, 8, 8) for m in range(1, LONG_MATCH + 2)] == [1, 2, 3, 4, 5, 6, 7, 8, 8]
+    assert draft_length(LONG_MATCH, 0, 16) == 16  # a long match is a copy in progress: through branches
+    assert draft_length(5, 8, 3) == 3  # never past the controller's k
+
+
+def test_draft_grows_as_a_copy_goes_on() -> None:
+    """Copying a 40-token line: after a one-token match the drafts lengthen as the match does."""
+    line = list(range(100, 140))
+    drafter, sizes = SuffixDrafter(16), []
+    context = line + [7, 8, 9] + line[:1]
+    while len(context) < len(line) * 2 + 3:
+        draft = drafter.draft(context, 16, sampler=None)
+        sizes.append(draft.size if draft else 0)
+        context = context + (draft.tokens if draft else [line[len(context) - len(line) - 3]])
+    assert sizes[0] == 1 and sizes == sorted(sizes) and sizes[-1] == 16, sizes
+
+
+def test_a_branchy_short_match_drafts_one_token() -> None:
+    """(5, 6) was followed by 1, then 2, then 3: a short match with three continuations drafts only the latest."""
+    drafter = SuffixDrafter(16)
+    draft = drafter.draft([5, 6, 1, 9, 5, 6, 2, 9, 5, 6, 3, 9, 5, 6], 8, sampler=None)
+    assert draft is not None and draft.tokens == [3]
