@@ -33,7 +33,7 @@ def plain(arch: str) -> tuple[int, ...]:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("source", ["ngram", "selfdraft:1", "draft"])
+@pytest.mark.parametrize("source", ["ngram", "suffix", "selfdraft:1", "draft"])
 def test_greedy_speculation_equals_plain_greedy(arch: str, source: str) -> None:
     if source == "draft":  # the target's first layer as a model of its own
         runner = mlx_runner(tiny_checkpoint(arch))

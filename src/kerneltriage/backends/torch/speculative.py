@@ -17,8 +17,7 @@ from kerneltriage.core.errors import InputError
 from kerneltriage.engine.speculative.config import Speculation, check_same_vocabulary
 from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
 from kerneltriage.engine.speculative.draft import Draft, Drafter
-from kerneltriage.engine.speculative.ngram import NgramDrafter
-from kerneltriage.engine.speculative.suffix import SuffixDrafter
+from kerneltriage.engine.speculative.lookup import lookup_drafter
 
 
 def draft_tokens(model: Model, feed: list[int], start: int, k: int, sampler: TorchSampler) -> Draft:
@@ -99,10 +98,9 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 def build_drafter(speculation: Speculation, runner: Runner) -> Drafter:
     """The drafter `speculation` names for this target; selfdraft layers beyond the model's are an InputError."""
-    if speculation.source == "ngram":
-        return NgramDrafter(speculation.ngram_max)
-    if speculation.source == "suffix":
-        return SuffixDrafter(speculation.suffix_max)
+    lookup = lookup_drafter(speculation)
+    if lookup is not None:
+        return lookup
     if speculation.source == "selfdraft":
         total = runner.config.num_layers
         layers = speculation.layers or max(total // 2, 1)
