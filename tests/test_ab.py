@@ -297,6 +297,9 @@ def test_prompts_file_drives_the_decode_samples_and_speculation_is_judged_on_it(
     result = json.loads(capsys.readouterr().out)
     decode = next(p for p in result["phases"] if p["phase"] == "decode")
     assert decode["test"] == "tg4 × 2 prompts (copy)"
+    # a decode sample emits 4 tokens after each of the 2 prompts: its rate counts all 8
+    units = {m["spec"]["units_per_sample"] for m in result["measurements"] if m["spec"]["phase"] == "decode"}
+    assert units == {8}
     assert result["counters"]["B"]["spec"] > 0  # the drafts came from the prompts
     assert result["correctness"]["passed"] and result["correctness"]["timed"] is None
     spec = result["speculation"]["B"]  # the source's own figures over the timed runs: every verify counted

@@ -60,6 +60,11 @@ class Settings:
         longest = self.prompt_set.longest if self.prompt_set and self.gen else 0
         return max([t.context_needed for t in self.tests] + [longest + self.gen + 1])
 
+    def tokens_per_sample(self, test: Test) -> int:
+        """Tokens one sample of `test` prefills or emits: a decode sample over a prompt set emits `n` after each."""
+        prompts = len(self.prompt_set.prompts) if test.kind == "tg" and self.prompt_set is not None else 1
+        return test.n * prompts
+
     def name(self, test: Test) -> str:
         """The test's name, with the prompt set its decode samples run over."""
         if test.kind == "tg" and self.prompt_set is not None:
@@ -138,7 +143,8 @@ def _block(names: tuple[str, str], samplers: Mapping[str, Callable[[], Sample]],
     samples = _paired(samplers[names[0]], samplers[names[1]], settings.pairs, tell)
     end = take_snapshot(gpu)
     measurements = tuple(
-        Measurement(MeasurementSpec(f"{name} {test.name} ({block})", test.phase, test.n, "tok",
+        Measurement(MeasurementSpec(f"{name} {test.name} ({block})", test.phase, settings.tokens_per_sample(test),
+                                    "tok",
                                     {"config": name, "block": block, "test": test.name}),
                     [s.timed for s in side], warm.pop(name, []), start, end)
         for name, side in zip(names, samples))
@@ -177,7 +183,8 @@ def sustain(runners: Mapping[str, Runner], settings: Settings, progress: Progres
         rounds += 1
         progress(f"sustained {time.perf_counter() - began:.0f}/{seconds:.0f} s")
     end = take_snapshot(gpu)
-    measurements = [Measurement(MeasurementSpec(f"{name} {test.name} (sustained)", test.phase, test.n, "tok",
+    measurements = [Measurement(MeasurementSpec(f"{name} {test.name} (sustained)", test.phase,
+                                                settings.tokens_per_sample(test), "tok",
                                                 {"config": name, "block": "sustained", "test": test.name}),
                                 samples, (), start, end) for (name, test), samples in times.items()]
     return measurements, {m.spec.label.removesuffix(" (sustained)"): _windows(m) for m in measurements}
