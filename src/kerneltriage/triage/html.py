@@ -96,7 +96,8 @@ def sweep_plot(report: Report) -> str:
     ax.set_ylabel("µs per call")
     ax.set_yscale("log")
     ax.set_title("M-sweep of the projections (x: a hole in the tuning grid)")
-    ax.legend(fontsize=7)
+    if report.sweep:  # an empty sweep (no projection measured) has no curves to name
+        ax.legend(fontsize=7)
     return _img(fig)
 
 
