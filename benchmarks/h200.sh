@@ -6,13 +6,16 @@
 #                                      triage (no default model needed)
 #   bash benchmarks/h200.sh default    the same for the default model (needs both model parts)
 #   bash benchmarks/h200.sh gpu-tests  tests/test_gpu.py
-#   bash benchmarks/h200.sh mlx        MLX's CUDA backend: bench beside torch's best set and mlx-lm, then triage on
-#                                      MLX (needs the model and MLX's CUDA build: all three blob parts)
+#   bash benchmarks/h200.sh llamacpp   build llama-bench with CUDA from .llamasrc (~5 min), then bench the best set
+#                                      beside it on the same GGUF at depths 0 and 2048 (needs the model)
+#   bash benchmarks/h200.sh mlx        MLX's CUDA backend: bench beside torch's best set, mlx-lm and llama.cpp (when
+#                                      built), then triage on MLX (needs the model and MLX's CUDA build: all four parts)
 # Set-up here first (git-excluded, never committed): the gguf wheel the device lacks,
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 -d .whl gguf==0.19.0
-# and the default model and MLX's CUDA build in three parts under the carry limit (device_env.sh says how). A call
-# carries .whl (.mlxwhl for mlx) and one of .devblob/1..3 (earlier parts in earlier calls on the same warm machine)
+# and the default model and MLX's CUDA build in four parts under the carry limit (device_env.sh says how). A call
+# carries .whl (.mlxwhl for mlx, .llamasrc for llamacpp) and one of .devblob/1..4 (earlier parts in earlier calls on
+# the same warm machine)
 # and runs `source benchmarks/device_env.sh; bash benchmarks/h200.sh STEP`.
 set -uo pipefail
 kt=(python3 -m kerneltriage)
@@ -27,6 +30,7 @@ TABLE+="|levers=packed_qkv,packed_gate_up,last_logits,fused_norm,compile=default
 TRIAGED="levers=graphs|levers=last_logits|levers=one_sync|levers=packed_qkv|levers=packed_gate_up"
 BEST=packed_qkv,packed_gate_up,last_logits,fused_norm,compile=default,graphs
 MLX_BEST=quantized,packed_qkv,packed_gate_up,last_logits,compile=default,one_sync
+LLAMA_BENCH=/tmp/llama.cpp/build/bin/llama-bench
 table() {  # model, folder[, candidates]
   step 560 python3 benchmarks/ab_levers.py --model "$1" --out "$OUT/$2" -p 512 -n 16 -r 16 --ledger "$L" \
     --candidates "${3:-$TABLE}"
@@ -46,13 +50,20 @@ case "${1:-}" in
   default-triaged) table default ab-default "$TRIAGED" ;;
   default-triage) triage default default ;;
   gpu-tests) step 560 python3 -m pytest -q tests/test_gpu.py ;;
+  llamacpp)
+    step 420 bash -c "cmake -S /tmp/llama.cpp -B /tmp/llama.cpp/build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/llama-cmake.log \
+      && cmake --build /tmp/llama.cpp/build --target llama-bench -j 16 > /tmp/llama-build.log"
+    step 240 "${kt[@]}" bench --levers "$BEST" --peers llama.cpp --llama-bench "$LLAMA_BENCH" -p 512 -n 128 -d 0,2048 \
+      -r 5 --output json --ledger "$L" > "$OUT/bench-default-h200-llamacpp.json" ;;
   mlx)  # MLX's CUDA backend beside torch's best set on the same GGUF (float16: quantized keeps the GGUF's fp16 scales)
-    step 300 "${kt[@]}" bench --backend mlx --device cuda --dtype float16 --levers "$MLX_BEST" \
-      --peers "torch:${BEST//,/+},mlx-lm" -p 512 -n 128 -d 0,2048 -r 5 --output json --ledger "$L" \
-      > "$OUT/bench-default-h200-mlx.json"
+    peers="torch:${BEST//,/+},mlx-lm"; llama=()
+    [ -x "$LLAMA_BENCH" ] && peers+=",llama.cpp" && llama=(--llama-bench "$LLAMA_BENCH")
+    step 300 "${kt[@]}" bench --backend mlx --device cuda --dtype float16 --levers "$MLX_BEST" --peers "$peers" \
+      "${llama[@]}" -p 512 -n 128 -d 0,2048 -r 5 --output json --ledger "$L" > "$OUT/bench-default-h200-mlx.json"
     step 240 "${kt[@]}" triage --backend mlx --device cuda --dtype float16 --output json \
       --html "$OUT/triage-default-h200-mlx.html" --ledger "$L" > "$OUT/triage-default-h200-mlx.json" ;;
-  *) echo "usage: bash benchmarks/h200.sh smoke|8b|8b-table|8b-triaged|8b-triage|default|default-table|default-triaged|default-triage|gpu-tests|mlx" >&2
+  *) echo "usage: bash benchmarks/h200.sh smoke|8b|8b-table|8b-triaged|8b-triage|default|default-table|default-triaged|default-triage|gpu-tests|llamacpp|mlx" >&2
      exit 2 ;;
 esac
 tar czf "$OUT/$1.tgz" -C "$OUT" $(cd "$OUT" && ls -d ab-* bench-* triage-* ledger-h200.db 2>/dev/null) 2>/dev/null
