@@ -199,3 +199,13 @@ def test_tree_accepts_the_second_branch_and_beats_the_linear_draft_on_a_branchin
     assert text == linear_text == planted_text()  # both equal plain greedy: the text itself
     assert any(_off_first_branch(tree, path) for tree, path in target.kept)
     assert tree.stats.tokens_per_step > linear.stats.tokens_per_step
+
+
+def test_tree_acceptance_processes_each_row_with_its_own_path() -> None:
+    """A repetition penalty reads the history: a tree row must be processed with its own path's tokens."""
+    params = SamplingParams(repetition_penalty=1.5)
+    expected = list(generate_step(tiny_runner("qwen3"), PROMPT, params, NEW))
+    runner = tiny_runner("qwen3")
+    decoder = install_speculation(runner, parse_speculation("suffix:tree", "4"))
+    assert list(generate_step(runner, PROMPT, params, NEW)) == expected
+    assert decoder.stats.verify_steps > 0
