@@ -32,7 +32,7 @@ def test_merge_shares_prefixes_and_spreads_the_budget_level_by_level() -> None:
     tree = merge([[1, 2, 3], [1, 4, 5], [6]], 16)
     assert tree == TokenTree((1, 6, 2, 4, 3, 5), (0, 0, 1, 1, 3, 4))
     assert tree.depths() == [0, 1, 1, 2, 2, 3, 3] and tree.depth == 3
-    assert tree.lineage(6) == [0, 1, 4, 6]
+    assert tree.lineage(6) == [0, 1, 4, 6] and tree.first_path() == [1, 2, 3]
     assert merge([[1, 2, 3], [1, 4, 5], [6]], 3) == TokenTree((1, 6, 2), (0, 0, 1))
     assert merge([[]], 4) is None
 

@@ -81,8 +81,8 @@ class SpeculativeDecoder:
             self.stats.record_shadow(position, hit)
             self.controller.observe_shadow(position, hit)
         draft = self.drafter.draft(context, self.controller.deepest, sampler)
-        if draft is not None:
-            self.shadow.start(list(draft.tokens))
+        if draft is not None:  # a tree is shadowed along its first path (shadows score one sequence)
+            self.shadow.start(draft.tree.first_path() if draft.tree else list(draft.tokens))
 
     def step(self, runner: "Steps", context: list[int], k: int, sampler: "Sampler", rows: int = 0) -> list[int]:
         """Draft up to k tokens after `context`, verify them (or decode plainly); returns the tokens emitted."""

@@ -63,6 +63,14 @@ class TokenTree:
         """token → child node, for the children of `node`."""
         return {self.tokens[i]: i + 1 for i, parent in enumerate(self.parents) if parent == node}
 
+    def first_path(self) -> list[int]:
+        """The tokens of the first candidate's path (each node's first child): what a linear draft proposes."""
+        tokens, node = [], 0
+        while children := self.children(node):
+            node = min(children.values())
+            tokens.append(self.tokens[node - 1])
+        return tokens
+
     def walk(self, best: Sequence[int]) -> list[int]:
         """The accepted path (nodes, root excluded) given the target's argmax `best` per row (greedy)."""
         path, node = [], 0
