@@ -42,7 +42,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
     add = parser.add_argument
     add("--levers", default="", help="comma-separated levers to switch on (listed below), e.g. last_logits,graphs")
-    add("--spec", default=None, help=f"speculative decoding: {SPEC_HELP}")
+    add("--spec", default=None, help=f"speculative decoding: {SPEC_HELP} (suffix:tree: temperature 0 and eager "
+                                     "levers only)")
     add("--spec-depth", default=None, help="draft tokens per step: 1..16 or auto (default: auto)")
 
 

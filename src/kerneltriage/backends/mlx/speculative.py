@@ -119,6 +119,9 @@ def build_drafter(speculation: Speculation, runner: Runner) -> Drafter:
 def install_speculation(runner: Runner, speculation: Speculation, drafter: Drafter | None = None
                         ) -> SpeculativeDecoder:
     """Put speculative decoding on `runner` (after its levers: the verify steps they installed are used)."""
+    if speculation.tree:
+        raise InputError(f"--spec {speculation.source_text}: the MLX backend has no token-tree verify yet "
+                         "(torch only); use suffix[:N]")
     decoder = SpeculativeDecoder(speculation, drafter or build_drafter(speculation, runner))
     runner.cache_slack = max(runner.cache_slack, decoder.controller.deepest)  # room for a verify past the end
     runner.token_loop = decoder

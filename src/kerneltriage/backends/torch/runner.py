@@ -14,10 +14,12 @@ from kerneltriage.backends.torch import timing
 from kerneltriage.backends.torch.cache import KVCache, StaticKVCache
 from kerneltriage.backends.torch.models import Model
 from kerneltriage.backends.torch.sampling import TorchSampler
+from kerneltriage.backends.torch.tree import TreeCache, keep_branch
 from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.decoding import TokenLoop, plain_loop
 from kerneltriage.engine.sampling import SamplingParams
+from kerneltriage.engine.speculative.tree import TokenTree
 
 if TYPE_CHECKING:
     from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
@@ -158,6 +160,21 @@ class Runner:
         # padded to `rows` with the last token repeated: the causal mask hides filler rows from the real ones
         padded = torch.cat([tokens, tokens[-1:].expand(max(rows - len(tokens), 0))]).view(1, -1)
         return self.verify_step(self.model, padded, start)[: len(tokens)]
+
+    @torch.inference_mode()
+    def verify_tree(self, last: int, tree: TokenTree, start: int) -> torch.Tensor:
+        """One forward over [last, tree nodes…] under the tree mask (backends/torch/tree.py): logits (N+1, V),
+        row r the prediction after node r's path."""
+        cache = self.model.cache
+        self.model.cache = TreeCache(cache, tree, start)
+        try:
+            return self.verify_step(self.model, self.tensor([last, *tree.tokens]), start)
+        finally:
+            self.model.cache = cache
+
+    def keep_branch(self, start: int, path: list[int]) -> None:
+        """After a tree verify at `start`: keep the root and the accepted nodes `path` in order, drop the rest."""
+        keep_branch(self.model.cache, start, path)
 
     def sampler(self, params: SamplingParams, prompt: Sequence[int]) -> TorchSampler:
         return TorchSampler(params, list(prompt), self.device)

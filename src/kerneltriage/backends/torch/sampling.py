@@ -8,6 +8,7 @@ from typing import Sequence
 import torch
 
 from kerneltriage.backends.torch.acceptance import greedy_accept, rejection_accept
+from kerneltriage.engine.speculative.tree import TokenTree
 from kerneltriage.engine.decoding import LogitsProcessor
 from kerneltriage.engine.sampling import SamplingParams
 from kerneltriage.engine.speculative.draft import Draft
@@ -103,6 +104,25 @@ class TorchSampler:
         if self.processors:
             self.history = torch.cat([self.history, torch.tensor(emitted, device=self.history.device)])
         return emitted
+
+    def accept_tree(self, logits: torch.Tensor, tree: TokenTree) -> tuple[list[int], list[int]]:
+        """Greedy acceptance over a tree verify's logits (N+1, V): (tokens to emit, accepted nodes). Row r is
+        processed with the history and the tokens on node r's path, as plain decoding would have seen them."""
+        if not self.params.greedy:
+            raise RuntimeError("a token tree is verified greedily only (temperature 0)")
+        if self.processors:
+            logits = torch.cat([self.process(torch.cat([self.history, self._path_tokens(tree, row)]),
+                                             logits[row:row + 1]) for row in range(len(logits))])
+        best = logits.argmax(dim=-1).tolist()  # one host sync
+        path = tree.walk(best)
+        emitted = [tree.tokens[node - 1] for node in path] + [best[path[-1] if path else 0]]
+        if self.processors:
+            self.history = torch.cat([self.history, torch.tensor(emitted, device=self.history.device)])
+        return emitted, path
+
+    def _path_tokens(self, tree: TokenTree, row: int) -> torch.Tensor:
+        nodes = tree.lineage(row)[1:]  # the root is the last emitted token: in the history already
+        return torch.tensor([tree.tokens[node - 1] for node in nodes], dtype=torch.long, device=self.device)
 
     def _sampled(self, logits: torch.Tensor, drafts: torch.Tensor, draft: Draft) -> list[int]:
         p = filter_logits(logits, self.params).softmax(-1)  # (k+1, V)

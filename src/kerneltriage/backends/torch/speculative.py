@@ -10,11 +10,11 @@ from torch import nn
 
 from kerneltriage.backends.torch.cache import KVCache
 from kerneltriage.backends.torch.models import Model
-from kerneltriage.backends.torch.runner import Runner
+from kerneltriage.backends.torch.runner import Runner, verify_rows
 from kerneltriage.backends.torch.acceptance import sample_probs
 from kerneltriage.backends.torch.sampling import TorchSampler, filter_logits
 from kerneltriage.core.errors import InputError
-from kerneltriage.engine.speculative.config import Speculation, check_same_vocabulary
+from kerneltriage.engine.speculative.config import TREE_EAGER_ONLY, Speculation, check_same_vocabulary
 from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
 from kerneltriage.engine.speculative.draft import Draft, Drafter
 from kerneltriage.engine.speculative.lookup import lookup_drafter
@@ -118,8 +118,13 @@ def build_drafter(speculation: Speculation, runner: Runner) -> Drafter:
 def install_speculation(runner: Runner, speculation: Speculation, drafter: Drafter | None = None
                         ) -> SpeculativeDecoder:
     """Put speculative decoding on `runner` (after its levers: the verify steps they installed are used)."""
+    if speculation.tree and (runner.pads_verify or runner.verify_step is not verify_rows
+                             or "flex_decode" in runner.levers):
+        raise InputError(f"--spec {speculation.source_text} with --levers {','.join(runner.levers)}: "
+                         f"{TREE_EAGER_ONLY}")
     decoder = SpeculativeDecoder(speculation, drafter or build_drafter(speculation, runner))
-    runner.cache_slack = max(runner.cache_slack, decoder.controller.deepest)  # room for a padded verify
+    # room for a padded verify, or a tree's nodes
+    runner.cache_slack = max(runner.cache_slack, decoder.controller.deepest, speculation.tree_nodes)
     runner.token_loop = decoder
     runner.speculation = decoder
     return decoder

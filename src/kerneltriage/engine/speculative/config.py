@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kerneltriage.core.errors import InputError
+from kerneltriage.engine.speculative.tree import DEFAULT_TREE_NODES
 
 if TYPE_CHECKING:
     from kerneltriage.engine.checkpoint import Checkpoint
@@ -17,7 +18,12 @@ AUTO_START_DEPTH = 4  # where --spec-depth auto begins
 AUTO_MAX_DEPTH = 8  # auto grows k no further
 DEFAULT_NGRAM = 3  # ngram: longest context suffix matched
 DEFAULT_SUFFIX = MAX_DEPTH  # suffix: most tokens one step drafts (the match's statistics pick fewer)
-SPEC_HELP = "ngram[:N] | suffix[:N] | selfdraft[:L] | draft:MODEL"
+SPEC_HELP = "ngram[:N] | suffix[:N] | suffix:tree | selfdraft[:L] | draft:MODEL"
+TREE_ARG = "tree"  # suffix:tree: the suffix drafter's branches verified as a token tree (greedy only)
+TREE_GREEDY_ONLY = ("a token tree is verified at temperature 0 only (exact tree sampling needs recursive "
+                    "rejection sampling, not built); use suffix[:N] at temperature > 0")
+TREE_EAGER_ONLY = ("a token tree is verified eagerly only (compile, graphs and flex_decode verify fixed-shape "
+                   "causal blocks, not a tree mask); use suffix[:N] with those levers")
 LOOKUP_SOURCES = ("ngram", "suffix")  # drafting from the text alone: no forward, so it can be scored for free
 VOCAB_PROBE = "The quick brown fox → 42 façades, 東京 and `def f(x): return x**2` {\"a\": [1, 2]}"
 
@@ -32,6 +38,7 @@ class Speculation:
     depth: int | None = None
     ngram_max: int = DEFAULT_NGRAM
     suffix_max: int = DEFAULT_SUFFIX  # suffix: most tokens one step drafts
+    tree_nodes: int = 0  # suffix: > 0 drafts a token tree of at most this many nodes (0: one sequence)
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -46,13 +53,24 @@ class Speculation:
             raise ValueError(f"ngram_max={self.ngram_max}: expected >= 1")
         if not 1 <= self.suffix_max <= MAX_DEPTH:
             raise ValueError(f"suffix_max={self.suffix_max}: expected 1..{MAX_DEPTH}")
+        if self.tree_nodes and (self.source != "suffix" or not 1 <= self.tree_nodes <= MAX_DEPTH):
+            raise ValueError(f"tree_nodes={self.tree_nodes}: expected 1..{MAX_DEPTH}, for suffix only")
 
     @property
     def source_text(self) -> str:
         """`--spec` as written, parameters explicit where they have a default: `ngram:3`, `selfdraft`."""
-        arg = {"ngram": str(self.ngram_max), "suffix": str(self.suffix_max),
+        arg = {"ngram": str(self.ngram_max), "suffix": self._suffix_arg,
                "selfdraft": self.layers and str(self.layers), "draft": self.draft_model}
         return self.source + (f":{arg[self.source]}" if arg[self.source] else "")
+
+    @property
+    def tree(self) -> bool:
+        """Drafts a token tree (several branches per verify) rather than one sequence."""
+        return self.tree_nodes > 0
+
+    @property
+    def _suffix_arg(self) -> str:
+        return TREE_ARG if self.tree else str(self.suffix_max)
 
     @property
     def lookup(self) -> bool:
@@ -62,7 +80,7 @@ class Speculation:
     @property
     def label(self) -> str:
         """`--spec` as the user would write it, with the depth."""
-        arg = {"ngram": str(self.ngram_max), "suffix": str(self.suffix_max),
+        arg = {"ngram": str(self.ngram_max), "suffix": self._suffix_arg,
                "selfdraft": str(self.layers or "half"), "draft": self.draft_model}
         return f"{self.source}:{arg[self.source]} k={self.depth or 'auto'}"
 
@@ -79,6 +97,8 @@ def parse_speculation(spec: str | None, depth: str | None = None) -> Speculation
         if not arg:
             raise bad
         return Speculation("draft", draft_model=arg, depth=_parse_depth(depth))
+    if source == "suffix" and arg == TREE_ARG:
+        return Speculation("suffix", depth=_parse_depth(depth), tree_nodes=DEFAULT_TREE_NODES)
     if source not in ("ngram", "suffix", "selfdraft") or (colon and not (arg.isdigit() and int(arg) > 0)):
         raise bad
     count = int(arg) if arg else None

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator
 
-from kerneltriage.engine.speculative.config import Speculation
+from kerneltriage.core.errors import InputError
+from kerneltriage.engine.speculative.config import TREE_GREEDY_ONLY, Speculation
 from kerneltriage.engine.speculative.controller import DepthController
 from kerneltriage.engine.speculative.draft import Drafter
 from kerneltriage.engine.speculative.shadow import Shadow
@@ -19,6 +20,7 @@ from kerneltriage.engine.speculative.stats import SpecStats
 
 if TYPE_CHECKING:
     from kerneltriage.engine.backend import Sampler, Steps
+    from kerneltriage.engine.speculative.tree import TokenTree
 
 SPEC_COUNTER = "spec"  # runner.counters key: verify steps run (proof that speculation happened)
 
@@ -46,6 +48,8 @@ class SpeculativeDecoder:
         if len(sampler.prompt) != start:  # positions come from the context: a stale prompt would misplace them
             raise RuntimeError(f"speculative loop: the sampler holds {len(sampler.prompt)} prompt tokens, "
                                f"the cache {start}")
+        if self.speculation.tree and not sampler.params.greedy:
+            raise InputError(f"--spec {self.speculation.source_text}: {TREE_GREEDY_ONLY}")
         rows = self.rows(runner)
         self.stats = SpecStats(self.speculation.source_text)
         self.controller = DepthController(self.speculation.depth, padded=rows > 0)
@@ -77,15 +81,17 @@ class SpeculativeDecoder:
             self.stats.record_shadow(position, hit)
             self.controller.observe_shadow(position, hit)
         draft = self.drafter.draft(context, self.controller.deepest, sampler)
-        if draft is not None:
-            self.shadow.start(list(draft.tokens))
+        if draft is not None:  # a tree is shadowed along its first path (shadows score one sequence)
+            self.shadow.start(draft.tree.first_path() if draft.tree else list(draft.tokens))
 
     def step(self, runner: "Steps", context: list[int], k: int, sampler: "Sampler", rows: int = 0) -> list[int]:
         """Draft up to k tokens after `context`, verify them (or decode plainly); returns the tokens emitted."""
         position = len(context) - 1  # where the last emitted token goes
         began = runner.clock()
         draft = self.drafter.draft(context, k, sampler) if k else None
-        if draft is None:
+        if draft is not None and draft.tree is not None and position + draft.size < runner.cache_capacity:
+            return self._tree_step(runner, context[-1], position, draft.tree, sampler, began)
+        if draft is None or draft.tree is not None:  # no draft, or a tree past the cache's end
             return self._plain_step(runner, context[-1], position, sampler, began)
         drafted = runner.clock()
         emitted = sampler.accept(runner.verify(context[-1], draft.tokens, position, rows), draft)
@@ -94,6 +100,19 @@ class SpeculativeDecoder:
         verified = runner.clock()
         self.stats.record_verify(draft.size, len(emitted) - 1, drafted - began, verified - drafted)
         self.controller.observe_verify(draft.size, len(emitted) - 1, drafted - began, verified - drafted)
+        return emitted
+
+    def _tree_step(self, runner: "Steps", last: int, position: int, tree: "TokenTree", sampler: "Sampler",
+                   began: float) -> list[int]:
+        """Verify a token tree in one forward, keep the accepted branch (engine/speculative/tree.py). The stats
+        and the controller see the tree's depth as the drafted length: acceptance by position is by depth."""
+        drafted = runner.clock()
+        emitted, path = sampler.accept_tree(runner.verify_tree(last, tree, position), tree)
+        runner.counters[SPEC_COUNTER] += 1
+        runner.keep_branch(position, path)  # the accepted nodes' entries moved to consecutive positions
+        verified = runner.clock()
+        self.stats.record_verify(tree.depth, len(path), drafted - began, verified - drafted)
+        self.controller.observe_verify(tree.depth, len(path), drafted - began, verified - drafted)
         return emitted
 
     def _plain_step(self, runner: "Steps", last: int, position: int, sampler: "Sampler", began: float) -> list[int]:

@@ -6,16 +6,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from kerneltriage.engine.speculative.tree import TokenTree
     from kerneltriage.engine.backend import Sampler, Steps
 
 
 @dataclass(frozen=True)
 class Draft:
     """`tokens`: host ids (prompt lookup) or a device array (k,) (a draft model); `probs`: the draft model's
-    probabilities (k, V) on the device, None when drafting is deterministic (greedy or a lookup)."""
+    probabilities (k, V) on the device, None when drafting is deterministic (greedy or a lookup); `tree`: the
+    token tree when the draft is several branches (`tokens` are then its nodes, not one sequence)."""
 
     tokens: Any
     probs: Any = None
+    tree: "TokenTree | None" = None
 
     @property
     def size(self) -> int:

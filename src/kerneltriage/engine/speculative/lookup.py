@@ -13,5 +13,5 @@ def lookup_drafter(speculation: Speculation) -> Drafter | None:
     if speculation.source == "ngram":
         return NgramDrafter(speculation.ngram_max)
     if speculation.source == "suffix":
-        return SuffixDrafter(speculation.suffix_max)
+        return SuffixDrafter(speculation.suffix_max, speculation.tree_nodes)
     return None

@@ -13,6 +13,10 @@ Draft length is chosen per step from the match's statistics, not fixed:
     with several is a branch where the earlier text disagreed.
   budget = min(limit, L) for L < LONG_MATCH, else limit; a match shorter than LONG_MATCH stops at its first
   branch (keeping one token, the latest occurrence's choice); a one-token match drafts only where no branch is.
+
+A tree draft (`--spec suffix:tree`) keeps the branches instead of stopping at them: one continuation per token
+that followed the match earlier (and, for a short match with one continuation, those of shorter matches),
+merged into a token tree (engine/speculative/tree.py) verified in one forward.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
 from kerneltriage.engine.speculative.draft import Draft
+from kerneltriage.engine.speculative.tree import merge
 
 if TYPE_CHECKING:
     from kerneltriage.engine.backend import Sampler, Steps
 
 LONG_MATCH = 8  # matched tokens from which a match is trusted to the drafter's limit, through branches
+TREE_BRANCHES = 4  # most candidate continuations one tree draft merges
 
 
 @dataclass(frozen=True)
@@ -89,12 +95,14 @@ class SuffixAutomaton:
         return len(self.length) - 1
 
     def continuation(self, count: int) -> list[int]:
-        """Up to `count` tokens that followed the match's earlier occurrence. A copy that runs into the end of
-        the text continues from its own start (LZ77-style overlap), so a short period still yields `count`."""
-        if not self.match.length:
-            return []
+        """Up to `count` tokens that followed the match's earlier occurrence."""
+        return self._copy(self.match.end + 1, count) if self.match.length else []
+
+    def _copy(self, begin: int, count: int) -> list[int]:
+        """`count` tokens of the text from `begin` on. A copy that runs into the end of the text continues from
+        its own start (LZ77-style overlap), so a short period still yields `count`."""
         size, out = len(self.tokens), []
-        for i in range(self.match.end + 1, self.match.end + 1 + count):
+        for i in range(begin, begin + count):
             out.append(self.tokens[i] if i < size else out[i - size])
         return out
 
@@ -108,6 +116,32 @@ class SuffixAutomaton:
             state, count = self.next[state][token], count + 1
         return count
 
+    def paths(self, state: int, count: int, most: int) -> list[list[int]]:
+        """Up to `most` continuations of `count` tokens of `state`'s context, walking the automaton: at each
+        state the latest occurrence's token extends the path, and every other token that followed there
+        (a branch: earlier occurrences went on differently) starts a path of its own while there is room.
+        A path that reaches the end of the text goes on as an overlapping copy (as `_copy` does)."""
+        paths: list[list[int]] = [[]]
+        frontier = [(0, state)]  # (path, the state its tokens lead to)
+        for level in range(count):
+            reached = []
+            for index, at in frontier:
+                children = sorted(self.next[at].items(), key=lambda item: -self.end[item[1]])
+                if not children:  # the path so far is the text's own end: it repeats with period `level`
+                    for m in range(level, count):
+                        paths[index].append(paths[index][m - level])
+                prefix = list(paths[index])
+                for rank, (token, child) in enumerate(children):
+                    if rank and len(paths) == most:
+                        break
+                    if rank:
+                        index = len(paths)
+                        paths.append(list(prefix))
+                    paths[index].append(token)
+                    reached.append((index, child))
+            frontier = reached
+        return paths
+
 
 def draft_length(matched: int, agreed: int, limit: int) -> int:
     """How many tokens to draft from a match of `matched` tokens whose first `agreed` continuation tokens no
@@ -120,13 +154,28 @@ def draft_length(matched: int, agreed: int, limit: int) -> int:
     return min(budget, max(agreed, 1))
 
 
+def tree_candidates(automaton: SuffixAutomaton, limit: int, most: int) -> list[list[int]]:
+    """Up to `most` distinct continuations for a tree draft: those of the longest match (as long as a match
+    of its length may draft, branching wherever its earlier occurrences went on differently), then, while the longest match is short (< LONG_MATCH) and
+    its earlier occurrences agreed, those of shorter matches (the suffix links)."""
+    found: list[list[int]] = []
+    state = automaton.match.state
+    while state and len(found) < most:  # state 0 is the empty suffix: no match
+        size = limit if automaton.length[state] >= LONG_MATCH else min(limit, automaton.length[state])
+        found += [c for c in automaton.paths(state, size, most) if c not in found][:most - len(found)]
+        if automaton.length[state] >= LONG_MATCH or len(found) > 1:
+            break
+        state = automaton.link[state]
+    return found
+
+
 class SuffixDrafter:
     """Longest-match lookup over prompt + generated text; proposes nothing when no suffix recurs."""
 
     shadows = True  # drafting runs no forward: the loop may score what it would draft during plain steps
 
-    def __init__(self, max_tokens: int) -> None:
-        self.max_tokens = max_tokens
+    def __init__(self, max_tokens: int, tree_nodes: int = 0) -> None:
+        self.max_tokens, self.tree_nodes = max_tokens, tree_nodes  # tree_nodes 0: a linear draft
         self.automaton = SuffixAutomaton()
 
     def reset(self, runner: "Steps", capacity: int) -> None:
@@ -135,6 +184,9 @@ class SuffixDrafter:
     def draft(self, context: list[int], k: int, sampler: "Sampler") -> Draft | None:
         self.automaton.extend(context[len(self.automaton.tokens):])  # the context only grows
         limit = min(k, self.max_tokens)
+        if self.tree_nodes:
+            tree = merge(tree_candidates(self.automaton, limit, TREE_BRANCHES), self.tree_nodes)
+            return Draft(tree.tokens, tree=tree) if tree else None
         proposal = self.automaton.continuation(limit)
         size = draft_length(self.automaton.match.length, self.automaton.agreed(proposal), limit)
         return Draft(proposal[:size]) if size else None
