@@ -93,9 +93,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def __call__(self, x: mx.array) -> mx.array:
-        # Normalise in float32 like the reference implementations, then scale in the model dtype.
-        normed = mx.fast.rms_norm(x.astype(mx.float32), None, self.eps).astype(x.dtype)
-        return self.weight * normed
+        # One call with the weight: MLX normalises in float32, rounds to the model dtype, then scales, as the
+        # reference implementations do (w · dtype(x·rsqrt(mean(x²)+eps))); bit for bit the composed form on the
+        # CPU, and one kernel instead of four (two casts, the norm, the scale) on a GPU in float16.
+        return mx.fast.rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
