@@ -98,6 +98,17 @@ def test_rms_norm_with_its_weight_is_the_composed_norm_bit_for_bit(dtype: str) -
     assert np.array_equal(np.array(norm(x)), np.array(composed))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_fused_swiglu_is_silu_times_up_bit_for_bit(dtype: str) -> None:
+    import mlx.nn as nn
+
+    from kerneltriage.backends.mlx.models.llama import swiglu
+
+    rng = np.random.default_rng(1)
+    gate, up = (mx.array(4 * rng.standard_normal((2, 3, 96))).astype(getattr(mx, dtype)) for _ in range(2))
+    assert np.array_equal(np.array(swiglu(gate, up)), np.array(nn.silu(gate) * up))
+
+
 @pytest.mark.parametrize("qtype", quant.NATIVE_TYPES)
 def test_native_blocks_dequantize_to_llama_cpps_values_bit_for_bit(qtype: str) -> None:
     """MLX's dequantize of the repacked blocks is llama.cpp's reference (gguf.quants) exactly, in float32."""
