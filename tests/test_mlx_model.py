@@ -84,6 +84,31 @@ def test_weights_are_the_checkpoint_tensors() -> None:
     assert model.inv_freq.dtype == mx.float32
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_rms_norm_with_its_weight_is_the_composed_norm_bit_for_bit(dtype: str) -> None:
+    """One mx.fast.rms_norm call with the weight computes torch's w · dtype(norm(float32(x))) exactly."""
+    from kerneltriage.backends.mlx.models.llama import RMSNorm
+
+    rng = np.random.default_rng(0)
+    x = mx.array(3 * rng.standard_normal((2, 5, 64))).astype(getattr(mx, dtype))
+    norm = RMSNorm(64, 1e-6)
+    norm.weight = mx.array(1 + 0.1 * rng.standard_normal(64)).astype(x.dtype)
+    composed = norm.weight * mx.fast.rms_norm(x.astype(mx.float32), None, norm.eps).astype(x.dtype)
+    assert norm(x).dtype == x.dtype
+    assert np.array_equal(np.array(norm(x)), np.array(composed))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_fused_swiglu_is_silu_times_up_bit_for_bit(dtype: str) -> None:
+    import mlx.nn as nn
+
+    from kerneltriage.backends.mlx.models.llama import swiglu
+
+    rng = np.random.default_rng(1)
+    gate, up = (mx.array(4 * rng.standard_normal((2, 3, 96))).astype(getattr(mx, dtype)) for _ in range(2))
+    assert np.array_equal(np.array(swiglu(gate, up)), np.array(nn.silu(gate) * up))
+
+
 @pytest.mark.parametrize("qtype", quant.NATIVE_TYPES)
 def test_native_blocks_dequantize_to_llama_cpps_values_bit_for_bit(qtype: str) -> None:
     """MLX's dequantize of the repacked blocks is llama.cpp's reference (gguf.quants) exactly, in float32."""

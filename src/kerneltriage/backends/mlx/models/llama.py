@@ -9,6 +9,7 @@ runner decides when it is evaluated.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import mlx.core as mx
@@ -86,6 +87,13 @@ def apply_rope(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
     return x * cos + rotated * sin
 
 
+@partial(mx.compile, shapeless=True)
+def swiglu(gate: mx.array, up: mx.array) -> mx.array:
+    """SiLU(gate) · up as one fused elementwise kernel (nn.silu alone is one, and the product a second): the same
+    values bit for bit, one kernel a layer fewer on a GPU (as mlx-lm's own swiglu)."""
+    return nn.silu(gate) * up
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -93,9 +101,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def __call__(self, x: mx.array) -> mx.array:
-        # Normalise in float32 like the reference implementations, then scale in the model dtype.
-        normed = mx.fast.rms_norm(x.astype(mx.float32), None, self.eps).astype(x.dtype)
-        return self.weight * normed
+        # One call with the weight: MLX normalises in float32, rounds to the model dtype, then scales, as the
+        # reference implementations do (w · dtype(x·rsqrt(mean(x²)+eps))); bit for bit the composed form on the
+        # CPU, and one kernel instead of four (two casts, the norm, the scale) on a GPU in float16.
+        return mx.fast.rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -146,7 +155,7 @@ class MLP(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         gate, up = self.gate_up(x)
-        return self.down_proj(nn.silu(gate) * up)
+        return self.down_proj(swiglu(gate, up))
 
 
 class TransformerBlock(nn.Module):
