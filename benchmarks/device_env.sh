@@ -6,8 +6,8 @@
 #   cat ~/.cache/kerneltriage/models/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/mlxcuda.tar.xz | split -b 50000000 -d -a 1 - blobpart.
 # with blobpart.N in .devblob/N+1/, and llama.cpp's source (the llama-cpp-python 0.3.36 sdist's vendor/llama.cpp
 # without models/, docs/, media/, .github/) as .llamasrc/llama.cpp.tar.xz (8.8 MB; all git-excluded). Each call
-# carries one part (the tree may carry 64 MiB; the source goes with the small last part), kept outside the tree while
-# the machine stays warm: the model is whole after parts 0 and 1, MLX after part 3.
+# carries one part (the tree may carry 64 MiB: a 50 MB part, the tree and the 8.8 MB source fit), kept outside the
+# tree while the machine stays warm: the model is whole after parts 0 and 1, MLX after part 3.
 MODEL_BYTES=98362432
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 || return 1
