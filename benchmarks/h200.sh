@@ -6,8 +6,10 @@
 #                                      triage (no default model needed)
 #   bash benchmarks/h200.sh default    the same for the default model (needs both model parts)
 #   bash benchmarks/h200.sh gpu-tests  tests/test_gpu.py
-#   bash benchmarks/h200.sh llamacpp   build llama-bench with CUDA from .llamasrc (~5 min), then bench the best set
-#                                      beside it on the same GGUF at depths 0 and 2048 (needs the model)
+#   bash benchmarks/h200.sh probe      fused_layer against the best set on the smollm2-135m preset (probe + bench),
+#                                      llama.cpp building beside it (llamacpp-build: ~5 min, from .llamasrc)
+#   bash benchmarks/h200.sh llamacpp   the decode set beside llama.cpp and the compiled best set on the same GGUF
+#                                      at depths 0 and 2048 (needs the model; builds llama-bench first if not built)
 #   bash benchmarks/h200.sh mlx        MLX's CUDA backend: bench beside torch's best set, mlx-lm and llama.cpp (when
 #                                      built), then triage on MLX (needs the model and MLX's CUDA build: all four parts)
 # Set-up here first (git-excluded, never committed): the gguf wheel the device lacks,
@@ -29,6 +31,7 @@ TABLE+="|levers=fused_norm|levers=sdpa_backend=flash|levers=sdpa_backend=efficie
 TABLE+="|levers=packed_qkv,packed_gate_up,last_logits,fused_norm,compile=default,graphs"
 TRIAGED="levers=graphs|levers=last_logits|levers=one_sync|levers=packed_qkv|levers=packed_gate_up"
 BEST=packed_qkv,packed_gate_up,last_logits,fused_norm,compile=default,graphs
+FUSED=packed_qkv,packed_gate_up,last_logits,fused_norm,fused_layer,graphs,one_sync  # issue 13's decode set
 MLX_BEST=quantized,packed_qkv,packed_gate_up,last_logits,compile=default,one_sync
 LLAMA_BENCH=/tmp/llama.cpp/build/bin/llama-bench
 table() {  # model, folder[, candidates]
@@ -50,12 +53,23 @@ case "${1:-}" in
   default-triaged) table default ab-default "$TRIAGED" ;;
   default-triage) triage default default ;;
   gpu-tests) step 560 python3 -m pytest -q tests/test_gpu.py ;;
-  llamacpp)
-    step 420 bash -c "cmake -S /tmp/llama.cpp -B /tmp/llama.cpp/build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/llama-cmake.log \
-      && cmake --build /tmp/llama.cpp/build --target llama-bench -j 16 > /tmp/llama-build.log"
-    step 240 "${kt[@]}" bench --levers "$BEST" --peers llama.cpp --llama-bench "$LLAMA_BENCH" -p 512 -n 128 -d 0,2048 \
-      -r 5 --output json --ledger "$L" > "$OUT/bench-default-h200-llamacpp.json" ;;
+  llamacpp-build)
+    [ -x "$LLAMA_BENCH" ] || step 420 bash -c "cmake -S /tmp/llama.cpp -B /tmp/llama.cpp/build -DGGML_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
+      > /tmp/llama-cmake.log && cmake --build /tmp/llama.cpp/build --target llama-bench -j 14 > /tmp/llama-build.log" ;;
+  probe)  # fused_layer against the best set on the preset (no model needed), llama.cpp building beside it
+    bash "$0" llamacpp-build & build=$!
+    step 240 python3 benchmarks/fused_layer_probe.py --out "$OUT/fused-layer-probe-h200.json"
+    step 200 "${kt[@]}" bench --model smollm2-135m --levers "$FUSED" \
+      --peers "torch:${BEST//,/+}" -p 512 -n 128 -d 0,2048 -r 3 \
+      --output json --ledger "$L" > "$OUT/bench-smollm2-preset-h200-fused.json"
+    wait $build ;;
+  llamacpp)  # issue 13's must: the decode set beside llama.cpp on the same GGUF; then ab of it against the best set
+    bash "$0" llamacpp-build
+    step 240 "${kt[@]}" bench --levers "$FUSED" --peers llama.cpp --llama-bench "$LLAMA_BENCH" \
+      -p 512 -n 128 -d 0,2048 -r 5 --output json --ledger "$L" > "$OUT/bench-default-h200-llamacpp.json"
+    step 300 "${kt[@]}" ab --a "levers=$BEST" --b "levers=$FUSED" -p 512 -n 128 -r 8 --output json --ledger "$L" \
+      > "$OUT/ab-default-h200-fused-layer.json" ;;
   mlx)  # MLX's CUDA backend beside torch's best set on the same GGUF (float16: quantized keeps the GGUF's fp16 scales)
     peers="torch:${BEST//,/+},mlx-lm"; llama=()
     [ -x "$LLAMA_BENCH" ] && peers+=",llama.cpp" && llama=(--llama-bench "$LLAMA_BENCH")
@@ -63,7 +77,7 @@ case "${1:-}" in
       "${llama[@]}" -p 512 -n 128 -d 0,2048 -r 5 --output json --ledger "$L" > "$OUT/bench-default-h200-mlx.json"
     step 240 "${kt[@]}" triage --backend mlx --device cuda --dtype float16 --output json \
       --html "$OUT/triage-default-h200-mlx.html" --ledger "$L" > "$OUT/triage-default-h200-mlx.json" ;;
-  *) echo "usage: bash benchmarks/h200.sh smoke|8b|8b-table|8b-triaged|8b-triage|default|default-table|default-triaged|default-triage|gpu-tests|llamacpp|mlx" >&2
+  *) echo "usage: bash benchmarks/h200.sh smoke|8b|8b-table|8b-triaged|8b-triage|default|default-table|default-triaged|default-triage|gpu-tests|probe|llamacpp-build|llamacpp|mlx" >&2
      exit 2 ;;
 esac
 tar czf "$OUT/$1.tgz" -C "$OUT" $(cd "$OUT" && ls -d ab-* bench-* triage-* ledger-h200.db 2>/dev/null) 2>/dev/null

@@ -103,6 +103,10 @@ TABLE: tuple[Lever, ...] = (
     Lever("sdpa_unfused", "fast-path", "model", "attention as matmul → softmax → matmul instead of "
           "mx.fast.scaled_dot_product_attention: what the fused kernel is worth where its gate takes the shape",
           numerics="reorders", seams=("attn.decode", "attn.prefill"), backends=("mlx",), devices=DEVICES),
+    Lever("fused_layer", "kernel", "model", "each layer's decode and verify rows (≤ 32) as six Triton kernels: "
+          "norm → QKV → RoPE → cache write; split-KV attention; combine; o_proj → + residual; norm → gate_up → "
+          "SiLU·mul; down → + residual (llama layers; not under compile)", phases=("decode",), numerics="reorders",
+          seams=("norm", "qkv", "attn.decode", "o_proj", "gate_up", "down"), devices=("cuda",)),
     Lever("kernel", "kernel", "model", "a custom kernel replaces the stock op at the seam it declares",
           numerics="reorders", value_pattern=KERNEL_REF, backends=BOTH, devices=DEVICES),
     # step stage: the functions that call the model

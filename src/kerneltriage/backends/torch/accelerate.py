@@ -17,6 +17,7 @@ from kerneltriage.backends.torch.cache import StaticKVCache
 from kerneltriage.backends.torch.cudagraph import capture
 from kerneltriage.backends.torch.models import Model
 from kerneltriage.backends.torch.runner import Runner, StepFn, decode_one, verify_rows
+from kerneltriage.core.errors import InputError
 
 GRAPH_WINDOW = 256  # captured decode graphs attend over a multiple of this many cache slots
 GRAPH_WARMUPS = 2  # eager runs before capture (lazy inits must not land in the graph)
@@ -138,5 +139,8 @@ def own_code(step: Callable) -> Callable:
 def compile_steps(runner: Runner, mode: str) -> None:
     """dispatch: torch.compile of the decode step and the verify forward (applied before `graphs`, which then
     captures them)."""
+    if runner.no_compile:
+        raise InputError(f"--levers compile={mode}: {runner.no_compile} runs its own Triton kernels, which compile "
+                         f"would trace; drop compile (graphs replays them)")
     runner.decode_step = CompiledStep(runner, decode_one, mode)
     runner.verify_step = CompiledStep(runner, verify_rows, mode)

@@ -1,7 +1,7 @@
 """The torch appliers of the lever table (`engine/levers.py`): one per lever name, applied to a Runner from
 outside the model in the table's order, after checking that the lever runs on this backend, on this device and
 on this model's seams. The model-stage levers on projections and norms live here; attention's in
-`attention_levers.py`, compile and graphs in `accelerate.py`, custom kernels in `kernel_lever.py`.
+`attention_levers.py`, compile and graphs in `accelerate.py`, custom kernels in `kernel_lever.py` and `fused_layer.py`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kerneltriage.backends.torch import accelerate, attention_levers, counting, kernel_lever
+from kerneltriage.backends.torch import accelerate, attention_levers, counting, fused_layer, kernel_lever
 from kerneltriage.backends.torch.models.llama import RMSNorm
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
@@ -94,6 +94,7 @@ APPLIERS: dict[str, Applier] = {
     "sdpa_pad": lambda runner, value: attention_levers.sdpa_pad(runner),
     "flex_decode": lambda runner, value: attention_levers.flex_decode(runner),
     "sdpa_backend": attention_levers.sdpa_backend,
+    "fused_layer": fused_layer.fused_layer,
     "kernel": kernel_lever.install,
     "last_logits": last_logits,
     "compile": accelerate.compile_steps,

@@ -82,6 +82,7 @@ class Runner:
     token_loop: TokenLoop = plain_loop
     cache_type: type[KVCache] = KVCache
     cache_slack: int = 0  # extra slots past the last position (a padded speculative verify writes beyond it)
+    no_compile: str | None = None  # the lever whose own kernels torch.compile must not trace, if any
     run_config: RunConfig = field(default_factory=RunConfig)
     speculation: "SpeculativeDecoder | None" = None
     # Proof of execution: every lever's replacement code counts its own runs here.

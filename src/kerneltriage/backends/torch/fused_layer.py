@@ -1,0 +1,111 @@
+"""The `fused_layer` lever on torch: each decoder layer's decode and verify rows (≤ 32, batch 1) through the six
+Triton kernels of `kernels/fused_layer.py`; prompts, tree verifies and batches keep the stock layer.
+
+The layer reads its positions from the device (`Positions.ids`), so a graph replay at a new position needs no
+recapture, and attends over keys ≤ each row's position: the static cache's window and mask are not read, only
+the window's size bounds the grid. q, k and v are stacked once per layer; the originals become views into the
+stack (no second copy of the weights).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from kerneltriage.backends.torch import counting
+from kerneltriage.backends.torch.cache import KVCache, StaticKVCache
+from kerneltriage.backends.torch.models.llama import MLP, Attention, Step, TransformerBlock
+from kerneltriage.backends.torch.runner import Runner
+from kerneltriage.core.errors import InputError
+
+LEVER = "fused_layer"
+
+
+def _stack(module: nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weights (and biases) of `names` stacked by rows: the stack they already are views of (packed_qkv's),
+    or a new one, each original then made a view into it (no second copy either way)."""
+    parts = [getattr(module, name) for name in names]
+    weight = _adjacent([p.weight for p in parts])
+    bias = _adjacent([p.bias for p in parts]) if parts[0].bias is not None else None
+    if weight is not None and (bias is not None or parts[0].bias is None):
+        return weight, bias
+    weight = torch.cat([p.weight.detach() for p in parts])
+    bias = torch.cat([p.bias.detach() for p in parts]) if parts[0].bias is not None else None
+    rows = 0
+    for part in parts:
+        size = part.weight.shape[0]
+        part.weight = nn.Parameter(weight[rows:rows + size], requires_grad=False)
+        if bias is not None:
+            part.bias = nn.Parameter(bias[rows:rows + size], requires_grad=False)
+        rows += size
+    return weight, bias
+
+
+def _adjacent(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """The tensors as one row-stacked view when each follows the last in one storage, else None."""
+    first, rows = tensors[0].detach(), 0
+    storage = first.untyped_storage().data_ptr()
+    for t in tensors:  # one storage: tensors allocated one after another may also sit end to end
+        if (not t.is_contiguous() or t.untyped_storage().data_ptr() != storage
+                or t.data_ptr() != first.data_ptr() + rows * first[0].numel() * t.element_size()):
+            return None
+        rows += t.shape[0]
+    return first.as_strided((rows, *first.shape[1:]), first.stride())
+
+
+def _weights(block: TransformerBlock):  # noqa: ANN202 - kernels.fused_layer.Weights
+    from kerneltriage.kernels.fused_layer import weights
+
+    attn, mlp = block.self_attn, block.mlp
+    qkv, bias = _stack(attn, ("q_proj", "k_proj", "v_proj"))
+    return weights(input_norm=block.input_layernorm.weight.detach(), qkv=qkv, qkv_bias=bias,
+                   o_proj=attn.o_proj.weight.detach(), post_norm=block.post_attention_layernorm.weight.detach(),
+                   gate=mlp.gate_proj.weight.detach(), up=mlp.up_proj.weight.detach(),
+                   down=mlp.down_proj.weight.detach(), eps=block.input_layernorm.eps)
+
+
+def _takes(block: TransformerBlock) -> str | None:
+    """Why this layer cannot take the fused kernels, or None."""
+    attn = block.self_attn
+    if type(attn).qk_norm is not Attention.qk_norm:
+        return "per-head q/k norms (qwen3)"
+    if type(block.mlp) is not MLP or type(block).forward is not TransformerBlock.forward:
+        return "a layer other than llama's"
+    if attn.head_dim % 2:
+        return f"an odd head_dim {attn.head_dim}"
+    return None
+
+
+def _forward(runner: Runner, block: TransformerBlock, weights, stock: Callable) -> Callable:  # noqa: ANN001
+    from kerneltriage.kernels.fused_layer import MAX_ROWS, Shape, layer
+
+    attn = block.self_attn
+    shape = Shape(attn.num_heads, attn.num_kv_heads, attn.head_dim)
+
+    def forward(x: torch.Tensor, index: int, step: Step) -> torch.Tensor:
+        batch, rows, _ = x.shape
+        cache = step.cache
+        if batch != 1 or rows > MAX_ROWS or type(cache) not in (KVCache, StaticKVCache):
+            return stock(x, index, step)  # prompts, batches, tree verifies (their own positions and mask)
+        counting.ran(runner, LEVER)
+        window = cache.window if isinstance(cache, StaticKVCache) and cache.window is not None else None
+        upper = window if window is not None else step.pos.start + rows
+        out = layer(x[0], weights, shape, step.cos, step.sin, step.pos.ids, cache.keys[index, 0],
+                    cache.values[index, 0], upper)
+        return out.unsqueeze(0)
+
+    return forward
+
+
+def fused_layer(runner: Runner, value: str | None = None) -> None:
+    """kernel: each layer's decode and verify rows as six Triton kernels (norm → QKV → RoPE → cache write;
+    split-KV attention; combine; o_proj → + residual; norm → gate_up → SiLU·mul; down → + residual)."""
+    for block in runner.model.layers:
+        why = _takes(block)
+        if why is not None:
+            raise InputError(f"--levers {LEVER}: a {runner.config.arch} model has {why}; expected llama layers")
+    for block in runner.model.layers:
+        block.forward = _forward(runner, block, _weights(block), block.forward)
+    runner.no_compile = LEVER

@@ -1,0 +1,324 @@
+"""A Llama decoder layer's decode and verify rows (T ≤ 32) as six Triton kernels instead of ~16 stock ones.
+
+Why: under the best lever set the default model's graphed decode step runs ~474 kernels per token at ~3.65 µs each
+(triage, H200); its weights are 270 MB, 56 µs of bandwidth. The step is a chain of small kernels, so the lever is
+their count, and attention that reads only the filled cache, split across the SMs. Per layer:
+
+1. `_qkv_rope_cache`: RMSNorm in the prologue → packed q/k/v GEMV → RoPE → q to a buffer, k and v into the cache
+   at each row's position (read from the device: graph replays need no host value);
+2. `_attend`: split-KV attention (flash-decoding): one program per KV head and chunk of keys, all G query heads ×
+   T rows of that KV head in one block, reading only keys ≤ the row's position; partial (m, l, acc) per chunk;
+3. `_combine`: the chunks combined per query head and row (fused into o_proj's prologue, where every program
+   redid it for every head, it cost 12.7 µs against ~5 for the two kernels: H200, fused-layer-probe-h200.json);
+4. `_gemv_residual`: o_proj GEMV → + residual;
+5. `_gate_up`: RMSNorm in the prologue → gate and up GEMVs → SiLU(gate) · up;
+6. `_gemv_residual`: down GEMV → + residual.
+
+Arithmetic follows the stock ops' roundings (the activation dtype after each op the stock model rounds at), with
+float32 accumulation; GEMVs are broadcast products summed in float32 (no tensor cores, no TF32), so float32 runs
+compute what stock computes, reordered.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_ROWS = 32  # decode (1) and speculative verify (k + 1 ≤ 17 for suffix:16) rows; prompts take the stock layer
+BN = 4  # output columns (q/k/v: rotation pairs) per GEMV program
+TILE = 16384  # elements of a GEMV program's (rows, columns, K) product tile: registers, not shared memory
+BLOCK_S = 64  # keys per attention tile
+MAX_SPLITS = 32  # chunks of keys per KV head (the o_proj prologue combines them)
+ROWS_MIN = 16  # tl.dot wants at least 16 rows
+
+
+@triton.jit
+def _rnd(v, dt: tl.constexpr):
+    """v rounded to the activation dtype (what a stock op's output holds), back in float32."""
+    return v.to(dt).to(tl.float32)
+
+
+@triton.jit
+def _inv_rms(x_ptr, sx, r, r_ok, k, eps, ROWS: tl.constexpr, BK: tl.constexpr):
+    """1 / rms of each row of x (ROWS, k), in float32."""
+    ss = tl.zeros((ROWS,), tl.float32)
+    k0 = 0
+    while k0 < k:  # (not `range`: Triton's interpreter cannot index with a runtime int)
+        kk = k0 + tl.arange(0, BK)
+        x = tl.load(x_ptr + r[:, None] * sx + kk[None, :], mask=r_ok[:, None] & (kk < k)[None, :], other=0.0)
+        x = x.to(tl.float32)
+        ss += tl.sum(x * x, 1)
+        k0 += BK
+    return tl.rsqrt(ss / k + eps)
+
+
+@triton.jit
+def _gemv2(x_ptr, sx, wa_ptr, wb_ptr, sw, cols_a, cols_b, n_ok, r, r_ok, k, eps, nw_ptr, dt: tl.constexpr,
+           NORM: tl.constexpr, TWO: tl.constexpr, ONE: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
+           BK: tl.constexpr):
+    """(ROWS, BN) float32 twice: x (ROWS, k) · Wa[cols_a]ᵀ and (when TWO) x · Wb[cols_b]ᵀ, both weights' tiles
+    loaded in the same round. With NORM, x is first RMS-normalised and weighted as the stock RMSNorm rounds it
+    (normed → dtype, × weight → dtype); ONE: K fits one tile (x is read once, its RMS from the same load)."""
+    acc_a = tl.zeros((ROWS, BN), tl.float32)
+    acc_b = tl.zeros((ROWS, BN), tl.float32)
+    inv = tl.full((ROWS,), 1.0, tl.float32)
+    if NORM and not ONE:
+        inv = _inv_rms(x_ptr, sx, r, r_ok, k, eps, ROWS, BK)
+    k0 = 0
+    while k0 < k:
+        kk = k0 + tl.arange(0, BK)
+        k_ok = kk < k
+        w_ok = n_ok[:, None] & k_ok[None, :]
+        wa = tl.load(wa_ptr + cols_a[:, None] * sw + kk[None, :], mask=w_ok, other=0.0)
+        if TWO:
+            wb = tl.load(wb_ptr + cols_b[:, None] * sw + kk[None, :], mask=w_ok, other=0.0)
+        x = tl.load(x_ptr + r[:, None] * sx + kk[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
+        x = x.to(tl.float32)
+        if NORM:
+            if ONE:
+                inv = tl.rsqrt(tl.sum(x * x, 1) / k + eps)
+            nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+            x = _rnd(_rnd(x * inv[:, None], dt) * nw[None, :], dt)
+        acc_a += tl.sum(x[:, None, :] * wa.to(tl.float32)[None, :, :], 2)
+        if TWO:
+            acc_b += tl.sum(x[:, None, :] * wb.to(tl.float32)[None, :, :], 2)
+        k0 += BK
+    return acc_a, acc_b
+
+
+@triton.jit
+def _qkv_rope_cache(x_ptr, nw_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, ids_ptr, q_ptr, k_ptr, v_ptr,
+                    eps, hidden, sx, sw, sc, sq_t, sq_h, sk_h, sk_s, sv_h, sv_s,
+                    T: tl.constexpr, ROWS: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, DIM: tl.constexpr,
+                    BP: tl.constexpr, BK: tl.constexpr, HAS_BIAS: tl.constexpr):
+    HALF: tl.constexpr = DIM // 2
+    dt: tl.constexpr = q_ptr.dtype.element_ty
+    p = tl.program_id(0) * BP + tl.arange(0, BP)  # rotation pairs (j, j + HALF) of every head, q then k then v
+    head, j = p // HALF, p % HALF
+    p_ok = head < HQ + 2 * HKV
+    lo_col = head * DIM + j
+    r = tl.arange(0, ROWS)
+    r_ok = r < T
+    lo, hi = _gemv2(x_ptr, sx, w_ptr, w_ptr, sw, lo_col, lo_col + HALF, p_ok, r, r_ok, hidden, eps, nw_ptr, dt,
+                    True, True, BK >= hidden, ROWS, BP, BK)
+    if HAS_BIAS:
+        lo += tl.load(b_ptr + lo_col, mask=p_ok, other=0.0).to(tl.float32)[None, :]
+        hi += tl.load(b_ptr + lo_col + HALF, mask=p_ok, other=0.0).to(tl.float32)[None, :]
+    lo, hi = _rnd(lo, dt), _rnd(hi, dt)
+    # RoPE on q and k (HF layout: x·cos + rotate_half(x)·sin, each product and the sum rounded as stock rounds)
+    both = r_ok[:, None] & p_ok[None, :]
+    cs = r[:, None] * sc + j[None, :]
+    c_lo = tl.load(cos_ptr + cs, mask=both, other=0.0).to(tl.float32)
+    c_hi = tl.load(cos_ptr + cs + HALF, mask=both, other=0.0).to(tl.float32)
+    s_lo = tl.load(sin_ptr + cs, mask=both, other=0.0).to(tl.float32)
+    s_hi = tl.load(sin_ptr + cs + HALF, mask=both, other=0.0).to(tl.float32)
+    rotates = (head < HQ + HKV)[None, :]
+    out_lo = tl.where(rotates, _rnd(_rnd(lo * c_lo, dt) + _rnd(-hi * s_lo, dt), dt), lo)
+    out_hi = tl.where(rotates, _rnd(_rnd(hi * c_hi, dt) + _rnd(lo * s_hi, dt), dt), hi)
+    pos = tl.load(ids_ptr + r, mask=r_ok, other=0)
+    q_at = q_ptr + r[:, None] * sq_t + head[None, :] * sq_h + j[None, :]
+    is_q = both & (head < HQ)[None, :]
+    tl.store(q_at, out_lo.to(dt), mask=is_q)
+    tl.store(q_at + HALF, out_hi.to(dt), mask=is_q)
+    k_at = k_ptr + (head - HQ)[None, :] * sk_h + pos[:, None] * sk_s + j[None, :]
+    is_k = both & ((head >= HQ) & (head < HQ + HKV))[None, :]
+    tl.store(k_at, out_lo.to(dt), mask=is_k)
+    tl.store(k_at + HALF, out_hi.to(dt), mask=is_k)
+    v_at = v_ptr + (head - HQ - HKV)[None, :] * sv_h + pos[:, None] * sv_s + j[None, :]
+    is_v = both & (head >= HQ + HKV)[None, :]
+    tl.store(v_at, out_lo.to(dt), mask=is_v)
+    tl.store(v_at + HALF, out_hi.to(dt), mask=is_v)
+
+
+@triton.jit
+def _attend(q_ptr, k_ptr, v_ptr, ids_ptr, m_ptr, l_ptr, acc_ptr, sq_t, sq_h, sk_h, sk_s, sv_h, sv_s,
+            chunk, scale, splits, dim,
+            T: tl.constexpr, G: tl.constexpr, RP: tl.constexpr, DP: tl.constexpr, BLOCK: tl.constexpr):
+    kv, split = tl.program_id(0), tl.program_id(1)
+    r = tl.arange(0, RP)  # row r: query head kv·G + r // T, query row r % T
+    g, t = r // T, r % T
+    r_ok = r < G * T
+    d = tl.arange(0, DP)
+    d_ok = d < dim
+    q = tl.load(q_ptr + t[:, None] * sq_t + (kv * G + g)[:, None] * sq_h + d[None, :],
+                mask=r_ok[:, None] & d_ok[None, :], other=0.0)  # (RP, DP)
+    last_seen = tl.load(ids_ptr + t, mask=r_ok, other=-1)  # each row sees keys ≤ its own position
+    start = split * chunk
+    stop = tl.minimum(start + chunk, tl.load(ids_ptr + T - 1) + 1)  # nothing past the last row's position
+    m_i = tl.full((RP,), float("-inf"), tl.float32)
+    l_i = tl.zeros((RP,), tl.float32)
+    acc = tl.zeros((RP, DP), tl.float32)
+    s0 = start
+    while s0 < stop:
+        s = s0 + tl.arange(0, BLOCK)
+        s_ok = s < stop
+        k = tl.load(k_ptr + kv * sk_h + s[:, None] * sk_s + d[None, :], mask=s_ok[:, None] & d_ok[None, :],
+                    other=0.0)  # (BLOCK, DP)
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (RP, BLOCK); float32 not as TF32
+        seen = s_ok[None, :] & (s[None, :] <= last_seen[:, None])
+        scores = tl.where(seen, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet stays at 0
+        p = tl.exp(scores - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        v = tl.load(v_ptr + kv * sv_h + s[:, None] * sv_s + d[None, :], mask=s_ok[:, None] & d_ok[None, :],
+                    other=0.0)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        m_i = m_new
+        s0 += BLOCK
+    at = (kv * splits + split) * RP + r  # chunks past the last position store m = −inf, l = 0: weight 0
+    tl.store(m_ptr + at, m_i)
+    tl.store(l_ptr + at, l_i)
+    tl.store(acc_ptr + at[:, None] * DP + d[None, :], acc)
+
+
+@triton.jit
+def _combine(m_ptr, l_ptr, acc_ptr, out_ptr, so_t, splits, dim,
+             T: tl.constexpr, G: tl.constexpr, RP: tl.constexpr, DP: tl.constexpr, SP: tl.constexpr):
+    """One program per query head and row: its chunks combined, M = max m_c,
+    out = Σ e^(m_c − M) acc_c / Σ e^(m_c − M) l_c, written as SDPA returns it (the activation dtype)."""
+    head, t = tl.program_id(0), tl.program_id(1)
+    c = tl.arange(0, SP)
+    c_ok = c < splits
+    at = ((head // G) * splits + c) * RP + (head % G) * T + t
+    m_c = tl.load(m_ptr + at, mask=c_ok, other=float("-inf"))
+    l_c = tl.load(l_ptr + at, mask=c_ok, other=0.0)
+    d = tl.arange(0, DP)
+    a = tl.load(acc_ptr + at[:, None] * DP + d[None, :], mask=c_ok[:, None], other=0.0)  # (SP, DP)
+    weight = tl.exp(m_c - tl.max(m_c, 0))  # every row sees its own position: some chunk has a finite m
+    out = tl.sum(a * weight[:, None], 0) / tl.sum(l_c * weight, 0)
+    tl.store(out_ptr + t * so_t + head * dim + d, out.to(out_ptr.dtype.element_ty), mask=d < dim)
+
+
+@triton.jit
+def _gate_up(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, eps, hidden, n, sx, sw, so,
+             T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    dt: tl.constexpr = out_ptr.dtype.element_ty
+    cols = tl.program_id(0) * BN + tl.arange(0, BN)
+    n_ok = cols < n
+    r = tl.arange(0, ROWS)
+    r_ok = r < T
+    gate, up = _gemv2(x_ptr, sx, wg_ptr, wu_ptr, sw, cols, cols, n_ok, r, r_ok, hidden, eps, nw_ptr, dt, True, True,
+                      BK >= hidden, ROWS, BN, BK)
+    gate, up = _rnd(gate, dt), _rnd(up, dt)
+    act = _rnd(gate * tl.sigmoid(gate), dt) * up
+    tl.store(out_ptr + r[:, None] * so + cols[None, :], act.to(dt), mask=r_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _gemv_residual(x_ptr, w_ptr, res_ptr, out_ptr, k, n, sx, sw, sr, so,
+          T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    dt: tl.constexpr = out_ptr.dtype.element_ty
+    cols = tl.program_id(0) * BN + tl.arange(0, BN)
+    n_ok = cols < n
+    r = tl.arange(0, ROWS)
+    r_ok = r < T
+    y, _ = _gemv2(x_ptr, sx, w_ptr, w_ptr, sw, cols, cols, n_ok, r, r_ok, k, 0.0, x_ptr, dt, False, False, BK >= k,
+                  ROWS, BN, BK)
+    both = r_ok[:, None] & n_ok[None, :]
+    res = tl.load(res_ptr + r[:, None] * sr + cols[None, :], mask=both, other=0.0).to(tl.float32)
+    tl.store(out_ptr + r[:, None] * so + cols[None, :], (res + _rnd(y, dt)).to(dt), mask=both)
+
+
+def _tiles(rows: int, n: int, k: int) -> tuple[int, int, int]:
+    """(ROWS, BN, BK) for a GEMV of `rows` rows: whole K in one tile where the product tile fits (one round of
+    loads per program: these GEMVs are latency-bound), BN output columns per program (many programs: on the
+    default model's 576-wide projections, 4 columns per program measured 1035 tok/s against 993 with 8 and 835
+    with 16, H200, benchmarks/results/fused-layer-probe-h200.json)."""
+    padded = triton.next_power_of_2(rows)
+    return padded, BN, min(triton.next_power_of_2(k), max(16, TILE // (padded * BN)))
+
+
+class Weights(NamedTuple):
+    """One layer's weights as the kernels read them (q, k, v stacked by rows in `qkv`); every matrix's rows are
+    contiguous, and gate and up share a row stride (`weights` checks)."""
+
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o_proj: torch.Tensor
+    post_norm: torch.Tensor
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+    eps: float
+
+
+def weights(**named: object) -> Weights:
+    """Weights from keyword arguments, each matrix checked for the layout the kernels assume."""
+    w = Weights(**named)
+    for name in ("qkv", "o_proj", "gate", "up", "down"):
+        if getattr(w, name).stride(1) != 1:
+            raise ValueError(f"fused_layer: {name} weight rows are not contiguous")
+    if w.gate.stride(0) != w.up.stride(0):
+        raise ValueError("fused_layer: gate and up weights have different row strides")
+    return w
+
+
+class Shape(NamedTuple):
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+def _splits(upper: int, kv_heads: int, device: torch.device) -> tuple[int, int]:
+    """(chunk, splits): keys per program and programs per KV head for a cache read up to `upper` positions —
+    about 2 programs per SM, no chunk shorter than a tile, at most MAX_SPLITS."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    wanted = max(1, min(MAX_SPLITS, triton.cdiv(2 * sms, kv_heads)))
+    chunk = triton.cdiv(triton.cdiv(upper, wanted), BLOCK_S) * BLOCK_S
+    return chunk, triton.cdiv(upper, chunk)
+
+
+def layer(x: torch.Tensor, w: Weights, shape: Shape, cos: torch.Tensor, sin: torch.Tensor, ids: torch.Tensor,
+          keys: torch.Tensor, values: torch.Tensor, upper: int) -> torch.Tensor:
+    """One decoder layer for x (T, hidden), T ≤ MAX_ROWS rows at positions `ids` (T,) on the device: writes
+    this layer's k, v (Hkv, S, D cache views) at those positions, attends over keys ≤ each row's position (the
+    grid covers `upper` ≥ the last position + 1) and returns the layer's output (T, hidden)."""
+    rows, hidden = x.shape
+    heads, kv_heads, dim = shape
+    group, half = heads // kv_heads, dim // 2
+    padded, bp, bk = _tiles(rows, 2 * half, hidden)
+    q = x.new_empty(rows, heads, dim)
+    pairs = (heads + 2 * kv_heads) * half
+    bias = w.qkv_bias if w.qkv_bias is not None else w.qkv
+    _qkv_rope_cache[(triton.cdiv(pairs, bp),)](
+        x, w.input_norm, w.qkv, bias, cos, sin, ids, q, keys, values, w.eps, hidden, x.stride(0),
+        w.qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0),
+        values.stride(1), T=rows, ROWS=padded, HQ=heads, HKV=kv_heads, DIM=dim, BP=bp, BK=bk,
+        HAS_BIAS=w.qkv_bias is not None)
+    chunk, splits = _splits(upper, kv_heads, x.device)
+    rp, dp = max(ROWS_MIN, triton.next_power_of_2(group * rows)), max(16, triton.next_power_of_2(dim))
+    m = torch.empty(kv_heads * splits * rp, device=x.device, dtype=torch.float32)
+    l_sum = torch.empty_like(m)
+    acc = torch.empty(kv_heads * splits * rp, dp, device=x.device, dtype=torch.float32)
+    _attend[(kv_heads, splits)](
+        q, keys, values, ids, m, l_sum, acc, q.stride(0), q.stride(1), keys.stride(0), keys.stride(1),
+        values.stride(0), values.stride(1), chunk, 1.0 / math.sqrt(dim), splits, dim,
+        T=rows, G=group, RP=rp, DP=dp, BLOCK=BLOCK_S)
+    attended = x.new_empty(rows, heads * dim)
+    _combine[(heads, rows)](m, l_sum, acc, attended, attended.stride(0), splits, dim, T=rows, G=group, RP=rp, DP=dp,
+                            SP=triton.next_power_of_2(splits))
+    h = _residual(attended, w.o_proj, x)
+    inter = w.gate.shape[0]
+    act = x.new_empty(rows, inter)
+    _, bn, bk = _tiles(rows, inter, hidden)
+    _gate_up[(triton.cdiv(inter, bn),)](
+        h, w.post_norm, w.gate, w.up, act, w.eps, hidden, inter, h.stride(0), w.gate.stride(0), act.stride(0),
+        T=rows, ROWS=padded, BN=bn, BK=bk)
+    return _residual(act, w.down, h)
+
+
+def _residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual + x · weightᵀ, the product rounded to the activation dtype first (as stock's linear, then add)."""
+    (rows, k), n = x.shape, weight.shape[0]
+    out = torch.empty_like(residual)
+    padded, bn, bk = _tiles(rows, n, k)
+    _gemv_residual[(triton.cdiv(n, bn),)](x, weight, residual, out, k, n, x.stride(0), weight.stride(0),
+                                          residual.stride(0), out.stride(0), T=rows, ROWS=padded, BN=bn, BK=bk)
+    return out

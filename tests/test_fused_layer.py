@@ -1,0 +1,112 @@
+"""The `fused_layer` lever (kernels/fused_layer.py) against the stock layer: the same outputs and the same cache
+writes for decode and verify rows at several depths, in the eager and the static (graph) cache layouts; the same
+greedy tokens through the model; refusals where it cannot run. On a machine without CUDA the kernels run in
+Triton's interpreter (conftest); their speed is judged on a GPU with `ab`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_checkpoint, tiny_runner
+from kerneltriage.backends.torch import levers
+from kerneltriage.backends.torch.backend import BACKEND
+from kerneltriage.backends.torch.cache import KVCache, StaticKVCache
+from kerneltriage.backends.torch.models.llama import Step
+from kerneltriage.core.errors import InputError
+from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.engine.generation import generate_step
+from kerneltriage.engine.sampling import SamplingParams
+
+pytest.importorskip("triton")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _runner(levers_text: str = "", arch: str = "llama", **changes: object):  # noqa: ANN202
+    return BACKEND.build(tiny_checkpoint(arch, max_context=512, **changes), RunConfig.from_flags(levers_text),
+                         DEVICE, "float32")
+
+
+def _fused(runner):  # noqa: ANN001, ANN202 - the runner with the lever applied (on the CPU too: the interpreter)
+    levers.APPLIERS["fused_layer"](runner, None)
+    return runner
+
+
+def _layer_run(runner, cache_type: type, rows: int, depth: int, window: int | None):  # noqa: ANN001, ANN202
+    """Layer 0's output and cache for `rows` new rows after `depth` random cached positions."""
+    model = runner.model
+    gen = torch.Generator().manual_seed(rows * 1000 + depth)
+    shape = model.cache_shape(256)  # room past the window
+    cache = cache_type(shape, torch.device(DEVICE), torch.float32)
+    cache.keys.copy_(torch.randn(shape, generator=gen))
+    cache.values.copy_(torch.randn(shape, generator=gen))
+    x = torch.randn(1, rows, model.config.hidden_size, generator=gen).to(DEVICE)
+    if window is not None:
+        cache.window, cache.position = window, torch.tensor(depth, device=DEVICE)
+    pos = cache.positions(depth, rows)
+    cos, sin = model.rope(pos.ids, x.dtype)
+    with torch.inference_mode():
+        out = model.layers[0](x, 0, Step(pos, cos, sin, cache, model.attention))
+    return out, cache
+
+
+# decode rows and verify rows (17: suffix:16's k + 1) at depths 0 and past a tile, in the eager and the static (graph)
+# cache layout; qwen2: biases on q, k and v
+@pytest.mark.parametrize(("arch", "rows", "depth", "static"), [
+    ("llama", 1, 0, False), ("llama", 1, 70, True), ("llama", 9, 70, False), ("llama", 17, 33, True),
+    ("qwen2", 1, 70, False), ("qwen2", 5, 0, True)])
+def test_layer_matches_stock(arch: str, rows: int, depth: int, static: bool) -> None:
+    stock, fused = _runner(arch=arch), _fused(_runner(arch=arch))
+    cache_type, window = (StaticKVCache, 128) if static else (KVCache, None)
+    want, want_cache = _layer_run(stock, cache_type, rows, depth, window)
+    got, got_cache = _layer_run(fused, cache_type, rows, depth, window)
+    assert fused.counters["fused_layer"] == 1
+    scale = want.abs().max()
+    assert (got - want).abs().max() / scale < 2e-5
+    for name in ("keys", "values"):  # this layer's rows written at their positions, nothing else touched
+        assert torch.allclose(getattr(got_cache, name), getattr(want_cache, name), rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_tokens_and_counts_through_the_model() -> None:
+    prompt = list(range(3, 40))  # a prompt longer than 32 rows: prefill takes the stock layer
+    plain = list(generate_step(_runner(), prompt, SamplingParams(), 5))
+    runner = _fused(_runner())
+    assert list(generate_step(runner, prompt, SamplingParams(), 5)) == plain
+    assert runner.counters["fused_layer"] == 4 * 2  # every decode step, both layers; the prefill none
+
+
+def test_speculative_verify_rows_keep_greedy_tokens() -> None:
+    prompt = [5, 6, 7, 8] * 9  # 36 rows: the prompt takes the stock layer, verifies the fused one
+    plain = list(generate_step(_runner(), prompt, SamplingParams(), 8))
+    runner = _fused(_runner())
+    from kerneltriage.backends.torch.speculative import install_speculation
+    from kerneltriage.engine.configuration import parse_speculation
+
+    install_speculation(runner, parse_speculation("ngram:4"))
+    assert list(generate_step(runner, prompt, SamplingParams(), 8)) == plain
+    assert runner.counters["fused_layer"] > 0
+
+
+def test_refuses_qwen3_and_compile() -> None:
+    with pytest.raises(InputError, match="qwen3"):
+        _fused(_runner(arch="qwen3"))
+    runner = _fused(_runner())
+    from kerneltriage.backends.torch.accelerate import compile_steps
+
+    with pytest.raises(InputError, match="drop compile"):
+        compile_steps(runner, "default")
+
+
+def test_needs_cuda_through_the_lever_table() -> None:
+    if DEVICE == "cuda":
+        pytest.skip("the refusal is for machines without CUDA")
+    with pytest.raises(InputError, match="CUDA"):
+        tiny_runner("llama", "fused_layer")
+
+
+def test_packed_qkv_weights_are_not_copied_again() -> None:
+    runner = _runner("packed_qkv")
+    attn = runner.model.layers[0].self_attn
+    before = attn.q_proj.weight.data_ptr()
+    _fused(runner)
+    assert attn.q_proj.weight.data_ptr() == before  # the stack packed_qkv made is the one the kernels read
