@@ -15,7 +15,7 @@ from conftest import ARCHS, tiny_checkpoint  # noqa: E402
 from mlx_helpers import mlx_runner  # noqa: E402
 from kerneltriage.backends.mlx.acceptance import rejection_accept  # noqa: E402
 from kerneltriage.backends.mlx.sampling import MlxSampler, filter_logits, repetition_penalty  # noqa: E402
-from kerneltriage.backends.mlx.speculative import ModelDrafter, install_speculation  # noqa: E402
+from kerneltriage.backends.mlx.speculative import install_speculation, model_drafter  # noqa: E402
 from kerneltriage.engine.generation import generate_step  # noqa: E402
 from kerneltriage.engine.sampling import SamplingParams  # noqa: E402
 from kerneltriage.engine.speculative.config import Speculation  # noqa: E402
@@ -37,7 +37,7 @@ def plain(arch: str) -> tuple[int, ...]:
 def test_greedy_speculation_equals_plain_greedy(arch: str, source: str) -> None:
     if source == "draft":  # the target's first layer as a model of its own
         runner = mlx_runner(tiny_checkpoint(arch))
-        drafter = ModelDrafter(mlx_runner(tiny_checkpoint(arch, num_layers=1)))
+        drafter = model_drafter(mlx_runner(tiny_checkpoint(arch, num_layers=1)))
         decoder = install_speculation(runner, Speculation("draft", draft_model="test", depth=3), drafter)
     else:
         runner = mlx_runner(tiny_checkpoint(arch), spec=source, depth="3")

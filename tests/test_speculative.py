@@ -15,7 +15,7 @@ import torch
 from conftest import ARCHS, tiny_runner
 from kerneltriage.backends.torch.acceptance import rejection_accept
 from kerneltriage.backends.torch.cache import StaticKVCache
-from kerneltriage.backends.torch.speculative import ModelDrafter, SelfDrafter, install_speculation
+from kerneltriage.backends.torch.speculative import SelfDrafter, install_speculation, model_drafter
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.generation import generate_step
 from kerneltriage.engine.sampling import SamplingParams
@@ -45,8 +45,8 @@ def speculating(arch: str, source: str, depth: str | None, **changes: object):  
     """(runner, decoder): `draft` drafts with the target's first layer as a model of its own, `draft-self` with a
     copy of the whole target; the other sources are `--spec` values."""
     runner = tiny_runner(arch, **changes)
-    drafter = {"draft": lambda: ModelDrafter(tiny_runner(arch, num_layers=1, **changes)),
-               "draft-self": lambda: ModelDrafter(tiny_runner(arch, **changes))}.get(source, lambda: None)()
+    drafter = {"draft": lambda: model_drafter(tiny_runner(arch, num_layers=1, **changes)),
+               "draft-self": lambda: model_drafter(tiny_runner(arch, **changes))}.get(source, lambda: None)()
     speculation = Speculation("draft", draft_model="test", depth=None if depth == "auto" else int(depth)) \
         if drafter else parse_speculation(source, depth)
     return runner, install_speculation(runner, speculation, drafter)
@@ -154,8 +154,8 @@ def test_rejected_drafts_are_trimmed_from_the_cache() -> None:
 def test_draft_model_cache_rolls_back_after_a_rejection() -> None:
     sampler = tiny_runner("qwen2").sampler(GREEDY, PROMPT)
 
-    def drafter() -> ModelDrafter:
-        fresh = ModelDrafter(tiny_runner("qwen2", num_layers=1))
+    def drafter():  # noqa: ANN202 - a ModelDrafter
+        fresh = model_drafter(tiny_runner("qwen2", num_layers=1))
         fresh.reset(fresh.runner, 64)
         return fresh
 

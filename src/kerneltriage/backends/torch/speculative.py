@@ -14,10 +14,11 @@ from kerneltriage.backends.torch.runner import Runner, verify_rows
 from kerneltriage.backends.torch.acceptance import sample_probs
 from kerneltriage.backends.torch.sampling import TorchSampler, filter_logits
 from kerneltriage.core.errors import InputError
-from kerneltriage.engine.speculative.config import TREE_EAGER_ONLY, Speculation, check_same_vocabulary
+from kerneltriage.engine.speculative import drafters
+from kerneltriage.engine.speculative.config import TREE_EAGER_ONLY, Speculation
 from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
 from kerneltriage.engine.speculative.draft import Draft, Drafter
-from kerneltriage.engine.speculative.lookup import lookup_drafter
+from kerneltriage.engine.speculative.drafters import ModelDrafter
 
 
 def draft_tokens(model: Model, feed: list[int], start: int, k: int, sampler: TorchSampler) -> Draft:
@@ -70,49 +71,18 @@ class SelfDrafter:
         return draft_tokens(self.model, context[committed:], committed, k, sampler)
 
 
-class ModelDrafter:
-    """A smaller model with the target's tokenizer and its own cache, fed the context it has not seen yet."""
-
-    def __init__(self, runner: Runner) -> None:
-        self.runner = runner
-        self.seen = 0  # context[:seen] is in the draft's cache (the context only grows)
-        self.pending: torch.Tensor | None = None  # drafts fed after context[:seen], read after the verify's sync
-
-    def reset(self, runner: Runner, capacity: int) -> None:
-        self.runner.reset_cache(capacity)
-        self.seen, self.pending = 0, None
-
-    def draft(self, context: list[int], k: int, sampler: TorchSampler) -> Draft:
-        fed = self.pending.tolist() if self.pending is not None else []
-        valid = self.seen + _common_prefix(fed, context[self.seen:-1])  # the accepted drafts stay cached
-        self.runner.trim_cache(valid)
-        draft = draft_tokens(self.runner.model, context[valid:], valid, k, sampler)
-        self.seen, self.pending = len(context), draft.tokens[:-1]  # the last draft was predicted, never fed
-        return draft
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    size = min(len(a), len(b))
-    return next((i for i in range(size) if a[i] != b[i]), size)
+def model_drafter(runner: Runner) -> ModelDrafter:
+    """A draft model's runner as a drafter (engine/speculative/drafters.py)."""
+    return ModelDrafter(runner, draft_tokens)
 
 
 def build_drafter(speculation: Speculation, runner: Runner) -> Drafter:
-    """The drafter `speculation` names for this target; selfdraft layers beyond the model's are an InputError."""
-    lookup = lookup_drafter(speculation)
-    if lookup is not None:
-        return lookup
-    if speculation.source == "selfdraft":
-        total = runner.config.num_layers
-        layers = speculation.layers or max(total // 2, 1)
-        if layers > total:
-            raise InputError(f"--spec selfdraft:{layers}: expected at most the model's {total} layers")
-        return SelfDrafter(runner.model, layers)
+    """The drafter `speculation` names for this target (drafters.build_drafter)."""
     from kerneltriage.backends.torch.backend import build_runner
-    from kerneltriage.engine.sources import load_checkpoint
 
-    checkpoint = load_checkpoint(speculation.draft_model)
-    check_same_vocabulary(runner.checkpoint, checkpoint)
-    return ModelDrafter(build_runner(checkpoint, runner.device, runner.torch_dtype))
+    return drafters.build_drafter(
+        speculation, runner, lambda layers: SelfDrafter(runner.model, layers),
+        lambda checkpoint: model_drafter(build_runner(checkpoint, runner.device, runner.torch_dtype)))
 
 
 def install_speculation(runner: Runner, speculation: Speculation, drafter: Drafter | None = None
@@ -122,9 +92,6 @@ def install_speculation(runner: Runner, speculation: Speculation, drafter: Draft
                              or "flex_decode" in runner.levers):
         raise InputError(f"--spec {speculation.source_text} with --levers {','.join(runner.levers)}: "
                          f"{TREE_EAGER_ONLY}")
-    decoder = SpeculativeDecoder(speculation, drafter or build_drafter(speculation, runner))
     # room for a padded verify, or a tree's nodes
-    runner.cache_slack = max(runner.cache_slack, decoder.controller.deepest, speculation.tree_nodes)
-    runner.token_loop = decoder
-    runner.speculation = decoder
-    return decoder
+    return drafters.install(runner, speculation, drafter or build_drafter(speculation, runner),
+                            speculation.tree_nodes)

@@ -1,0 +1,75 @@
+"""The backend-neutral part of model drafting and of putting speculation on a runner: a draft model fed only the
+context it has not seen (its cache kept across steps), the choice of the drafter a `Speculation` names, and the
+decoder installed as the runner's token loop. A backend supplies how its draft model runs k steps (`DraftFn`),
+its layer-skip drafter and how it builds a runner for a draft checkpoint (backends/*/speculative.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from kerneltriage.core.errors import InputError
+from kerneltriage.engine.checkpoint import Checkpoint
+from kerneltriage.engine.speculative.config import Speculation, check_same_vocabulary
+from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
+from kerneltriage.engine.speculative.draft import Draft, Drafter
+from kerneltriage.engine.speculative.lookup import lookup_drafter
+
+# (the draft model, tokens to feed, their first position, k, the sampler) → k drafted tokens
+DraftFn = Callable[[Any, list[int], int, int, Any], Draft]
+
+
+class ModelDrafter:
+    """A smaller model with the target's tokenizer and its own cache, fed the context it has not seen yet."""
+
+    def __init__(self, runner: Any, draft_tokens: DraftFn) -> None:
+        self.runner, self.draft_tokens = runner, draft_tokens
+        self.seen = 0  # context[:seen] is in the draft's cache (the context only grows)
+        self.pending: Any = None  # drafts fed after context[:seen] (a device array), read after the verify's sync
+
+    def reset(self, runner: Any, capacity: int) -> None:
+        self.runner.reset_cache(capacity)
+        self.seen, self.pending = 0, None
+
+    def draft(self, context: list[int], k: int, sampler: Any) -> Draft:
+        fed = self.pending.tolist() if self.pending is not None else []
+        valid = self.seen + _common_prefix(fed, context[self.seen:-1])  # the accepted drafts stay cached
+        self.runner.trim_cache(valid)
+        draft = self.draft_tokens(self.runner.model, context[valid:], valid, k, sampler)
+        self.seen, self.pending = len(context), draft.tokens[:-1]  # the last draft was predicted, never fed
+        return draft
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    size = min(len(a), len(b))
+    return next((i for i in range(size) if a[i] != b[i]), size)
+
+
+def build_drafter(speculation: Speculation, runner: Any, self_drafter: Callable[[int], Drafter],
+                  draft_runner: Callable[[Checkpoint], Drafter]) -> Drafter:
+    """The drafter `speculation` names for this target: a lookup, the target's first layers (`self_drafter(L)`;
+    more layers than the model has is an InputError) or a draft model (`draft_runner(checkpoint)`, which must
+    share the target's vocabulary)."""
+    lookup = lookup_drafter(speculation)
+    if lookup is not None:
+        return lookup
+    if speculation.source == "selfdraft":
+        total = runner.config.num_layers
+        layers = speculation.layers or max(total // 2, 1)
+        if layers > total:
+            raise InputError(f"--spec selfdraft:{layers}: expected at most the model's {total} layers")
+        return self_drafter(layers)
+    from kerneltriage.engine.sources import load_checkpoint
+
+    checkpoint = load_checkpoint(speculation.draft_model)
+    check_same_vocabulary(runner.checkpoint, checkpoint)
+    return draft_runner(checkpoint)
+
+
+def install(runner: Any, speculation: Speculation, drafter: Drafter, slack: int = 0) -> SpeculativeDecoder:
+    """The decoder as `runner`'s token loop, with cache room past the end for the deepest verify (or `slack`)."""
+    decoder = SpeculativeDecoder(speculation, drafter)
+    runner.cache_slack = max(runner.cache_slack, decoder.controller.deepest, slack)
+    runner.token_loop = decoder
+    runner.speculation = decoder
+    return decoder
