@@ -6,7 +6,7 @@ mx.fast call (lowered to composed ops on the CPU) counted as one primitive, and 
 Pass 1 counts the whole step's graph; pass 2 evaluates each fast call's inputs first, so what the call lowered to
 is counted alone and replaced by one. A diagnostic; float16 on the CPU takes minutes.
 """
-import io, re, sys
+import sys
 import mlx.core as mx
 sys.path.insert(0, "benchmarks")
 from mlx_step_probe import op_counts, Ours, Theirs, checkpoint_of

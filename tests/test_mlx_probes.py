@@ -15,7 +15,7 @@ from conftest import tiny_checkpoint  # noqa: E402
 from mlx_helpers import mlx_runner, quantized_checkpoint  # noqa: E402
 from kerneltriage.backends.mlx import kernel_rules  # noqa: E402
 from kerneltriage.backends.mlx.backend import BACKEND  # noqa: E402
-from kerneltriage.engine.probes import SdpaCall, distinct_calls  # noqa: E402
+from kerneltriage.engine.probes import SdpaCall  # noqa: E402
 
 PREFIX, PROMPT = list(range(5, 20)), list(range(20, 40))
 
