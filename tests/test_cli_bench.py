@@ -56,6 +56,7 @@ def test_json_output_and_one_ledger_experiment(tmp_path: Path, capsys: pytest.Ca
     assert report["ceilings"]["source"] == "measured" and report["config"]["repeats"] == 2
     config = report["config"]
     assert (config["backend"], config["device"], config["dtype"], config["levers"]) == ("torch", "cpu", "float32", [])
+    assert report["decode_kernels_per_token"] is None  # a GPU figure (the CPU profiler counts host ops)
     with Ledger(ledger) as opened:
         (experiment,) = opened.all_experiments()
     assert experiment.id == report["experiment_id"] and experiment.kind == "bench"

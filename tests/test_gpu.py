@@ -21,7 +21,9 @@ LEVER_SETS = ["graphs", "compile=default,graphs", "one_sync", "graphs,one_sync",
               "last_logits", "graphs,one_sync,packed_qkv,packed_gate_up,last_logits",
               "sdpa_fold,sdpa_backend=efficient", "sdpa_backend=math", "sdpa_fold",
               "fused_norm,compile=default,graphs", "flex_decode", "flex_decode,graphs",
-              "packed_qkv,packed_gate_up,fused_norm,flex_decode,compile=default,graphs"]
+              "packed_qkv,packed_gate_up,fused_norm,flex_decode,compile=default,graphs",
+              "fused_layer,graphs", "fused_layer,pdl,graphs",
+              "packed_qkv,packed_gate_up,last_logits,fused_norm,fused_layer,compile_prefill,graphs,one_sync"]
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +97,15 @@ def test_sdpa_pad_finds_the_head_dims_fused_kernels_take() -> None:
     assert not taken(300)  # only math would run it: the case the lever exists for
     assert size > 300 and size % PAD_STEP == 0 and taken(size)
     assert not any(taken(smaller) for smaller in range(304, size, PAD_STEP))  # the nearest size a kernel takes
+
+
+def test_bench_reports_kernels_per_decode_token(tmp_path, capsys) -> None:  # noqa: ANN001
+    import json
+
+    from kerneltriage.cli.main import main
+
+    argv = ["bench", "--model", "smollm2-135m", "--levers", "fused_layer,graphs", "-p", "0", "-n", "16", "-r", "1",
+            "--output", "json", "--ledger", str(tmp_path / "l.db")]
+    assert main(argv) == 0
+    kernels = json.loads(capsys.readouterr().out)["decode_kernels_per_token"]
+    assert 30 * 6 <= kernels < 30 * 8  # six fused kernels per layer and a few stock ones around them

@@ -13,6 +13,8 @@ from kerneltriage.cli.common import LEVERS_HELP, add_model_arguments
 from kerneltriage.core.ledger import DEFAULT_LEDGER_PATH
 
 OUTPUTS = ("table", "md", "csv", "json")
+KERNEL_PROFILE_STEPS = 8  # decode steps profiled for the kernels-per-token figure (GPU only)
+KERNEL_PROFILE_PREFIX = 16  # tokens before them
 
 EPILOG = """examples:
   kerneltriage bench                                     pp512 and tg128 on the default model
@@ -129,12 +131,28 @@ def measure(runner: Any, tests: list, peers: tuple[str, ...], args: argparse.Nam
             rows = _rows(runner, tests, results, peer_runs, ceilings)
             notes.append(f"kerneltriage's {', '.join(over)} ran above 100% of the cached ceilings' roofline: the "
                          "ceilings were measured again (stale, or taken on a busy machine)")
+        kernels = _decode_kernels(runner, tests)
+        if kernels is not None:
+            notes.append(f"kerneltriage decode: {kernels:.0f} kernels per token (profiled over "
+                         f"{KERNEL_PROFILE_STEPS} steps after the timed runs)")
         peers_info = {p.name: {"unavailable": p.unavailable, "skipped": p.skipped, "note": p.note} for p in peer_runs}
         summary = {"rows": [r.to_dict() for r in rows], "peers": peers_info, "lever_counters": dict(runner.counters),
-                   "notes": notes}
+                   "notes": notes, "decode_kernels_per_token": kernels}
         exp.set_verdict(None, summary)
     return {**summary, "rows": rows, "config": config, "ceilings": asdict(ceilings), "experiment_id": exp.id,
             "environment": environment, "measurements": [m.to_dict() for r in results for m in r.measurements]}
+
+
+def _decode_kernels(runner: Any, tests: list) -> float | None:
+    """Kernels per decode token of kerneltriage's configuration, profiled after the timed runs (outside them) on a
+    GPU — the floor of a graphed small model is this count × the time per kernel. None without a decode test, or
+    off the GPU (there the profiler counts host ops, not kernels)."""
+    if runner.device_type != "cuda" or not any(t.kind == "tg" for t in tests):
+        return None
+    from kerneltriage.engine.backend import get_backend
+
+    prefix = list(range(1, KERNEL_PROFILE_PREFIX + 1))
+    return get_backend(runner.backend).profile(runner, "decode", prefix, KERNEL_PROFILE_STEPS).kernels_per_token
 
 
 def _config(runner: Any, tests: list, peers: tuple[str, ...], settings: Any, args: argparse.Namespace,
