@@ -1,5 +1,6 @@
 """Decode step time of the `fused_layer` lever against the best stock set, at several depths, the GEMV columns
-per program and the chunks of keys swept (`kernels/fused_layer.BN`, `MAX_SPLITS`), and each kernel's count and µs per token (torch.profiler over graph
+per program and the chunks of keys (`kernels/fused_layer.BN`, `MAX_SPLITS`; 2026-12-01 swept 2/4/8 and 16/32/64),
+programmatic dependent launch on and off (`pdl`), and each kernel's count and µs per token (torch.profiler over graph
 replays): what to keep before `bench` and `ab` judge it. CUDA only.
 
     python3 benchmarks/fused_layer_probe.py --model smollm2-135m --depths 0,2048 --out probe.json
@@ -70,11 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     checkpoint = load_checkpoint(args.model)
     depths = [int(d) for d in args.depths.split(",")]
-    variants = {"fused": (FUSED, None, None)}
-    for bn in (2,):
-        variants[f"fused bn{bn}"] = (FUSED, bn, None)
-    for splits in (16,):
-        variants[f"fused splits{splits}"] = (FUSED, None, splits)
+    variants = {"fused": (FUSED, None, None), "fused+pdl": (FUSED + ",pdl", None, None)}
     stock, results = (fused_layer.BN, fused_layer.MAX_SPLITS), {"model": args.model, "steps": STEPS, "runs": RUNS,
                                                 "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                                 "triton": triton.__version__, "rows": []}
@@ -88,7 +85,7 @@ def main() -> None:
                        "min": min(ms), "max": max(ms), "tok_s": 1e3 / statistics.median(ms)}
                 results["rows"].append(row)
                 print(json.dumps(row), flush=True)
-                if name == "fused":
+                if name in ("fused", "fused+pdl"):
                     results[f"profile {name} depth {depth}"] = _profile(runner, depth)
             del runner
         except Exception as exc:  # noqa: BLE001 - a probe: record the failure and go on

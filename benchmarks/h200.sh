@@ -31,7 +31,8 @@ TABLE+="|levers=fused_norm|levers=sdpa_backend=flash|levers=sdpa_backend=efficie
 TABLE+="|levers=packed_qkv,packed_gate_up,last_logits,fused_norm,compile=default,graphs"
 TRIAGED="levers=graphs|levers=last_logits|levers=one_sync|levers=packed_qkv|levers=packed_gate_up"
 BEST=packed_qkv,packed_gate_up,last_logits,fused_norm,compile=default,graphs
-FUSED=packed_qkv,packed_gate_up,last_logits,fused_norm,fused_layer,graphs,one_sync  # issue 13's decode set
+# issue 13's set: decode measured 2026-12-01 without compile_prefill (bench-default-h200-llamacpp.json)
+FUSED=packed_qkv,packed_gate_up,last_logits,fused_norm,fused_layer,compile_prefill,graphs,one_sync
 MLX_BEST=quantized,packed_qkv,packed_gate_up,last_logits,compile=default,one_sync
 LLAMA_BENCH=/tmp/llama.cpp/build/bin/llama-bench
 table() {  # model, folder[, candidates]
@@ -69,7 +70,9 @@ case "${1:-}" in
     step 240 "${kt[@]}" bench --levers "$FUSED" --peers llama.cpp --llama-bench "$LLAMA_BENCH" \
       -p 512 -n 128 -d 0,2048 -r 5 --output json --ledger "$L" > "$OUT/bench-default-h200-llamacpp.json"
     step 300 "${kt[@]}" ab --a "levers=$BEST" --b "levers=$FUSED" -p 512 -n 128 -r 8 --output json --ledger "$L" \
-      > "$OUT/ab-default-h200-fused-layer.json" ;;
+      > "$OUT/ab-default-h200-fused-layer.json"
+    step 200 "${kt[@]}" ab --a "levers=$FUSED" --b "levers=$FUSED,pdl" -p 0 -n 128 -r 8 --output json --ledger "$L" \
+      > "$OUT/ab-default-h200-pdl.json" ;;
   mlx)  # MLX's CUDA backend beside torch's best set on the same GGUF (float16: quantized keeps the GGUF's fp16 scales)
     peers="torch:${BEST//,/+},mlx-lm"; llama=()
     [ -x "$LLAMA_BENCH" ] && peers+=",llama.cpp" && llama=(--llama-bench "$LLAMA_BENCH")

@@ -110,3 +110,63 @@ def test_packed_qkv_weights_are_not_copied_again() -> None:
     before = attn.q_proj.weight.data_ptr()
     _fused(runner)
     assert attn.q_proj.weight.data_ptr() == before  # the stack packed_qkv made is the one the kernels read
+
+
+def test_compiled_prefill_runs_the_fused_kernels_eagerly_on_short_prompts() -> None:
+    from kerneltriage.backends.torch.accelerate import compile_prefill
+
+    runner = _fused(_runner())
+    compile_prefill(runner)
+    for prompt in ([5, 6, 7, 8] * 10, [5, 6, 7, 8] * 2):  # 40 rows: the stock layer compiled; 8: the fused one
+        assert list(generate_step(runner, prompt, SamplingParams(), 3)) == list(
+            generate_step(_runner(), prompt, SamplingParams(), 3))
+    assert runner.counters["compile_prefill"] == 2
+    # every decode step's two layers, and the short prompt's compiled prefill once (a lever traced into a compiled
+    # step counts once per call of it: counting.py)
+    assert runner.counters["fused_layer"] == 2 * 2 * 2 + 1
+
+
+def test_pdl_needs_fused_layer_and_cuda() -> None:
+    with pytest.raises(InputError, match="expected fused_layer"):
+        levers.APPLIERS["pdl"](_runner(), None)
+    if DEVICE == "cpu":
+        with pytest.raises(InputError, match="CUDA"):
+            tiny_runner("llama", "fused_layer,pdl")
+
+
+# Every fused kernel built for sm_90 (Triton's compiler and its bundled ptxas; no GPU needed) with PDL on and off:
+# the GPU build the interpreter never runs. Run apart from this process, where conftest may have set the interpreter.
+SM90_BUILD = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kerneltriage.kernels import fused_layer as f
+
+pdl = sys.argv[1] == "1"
+FP32, I64 = ("m_ptr", "l_ptr", "acc_ptr"), ("ids_ptr",)
+CONSTS = {"T": 1, "ROWS": 1, "G": 3, "RP": 16, "DP": 64, "SP": 4, "BN": 4, "BK": 1024, "BLOCK": 64, "HQ": 9, "HKV": 3,
+          "DIM": 64, "BP": 4, "HAS_BIAS": False, "PDL": pdl}
+for fn in (f._qkv_rope_cache, f._attend, f._combine, f._gemv_residual, f._gate_up):
+    names = fn.arg_names
+    consts = {n: CONSTS[n] for n in names if n in CONSTS}
+    sig = {n: "constexpr" if n in consts else "*fp32" if n in FP32 else "*i64" if n in I64 else "*bf16"
+           if n.endswith("_ptr") else "fp32" if n in ("eps", "scale") else "i32" for n in names}
+    kernel = triton.compile(ASTSource(fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                            options={"launch_pdl": pdl})
+    assert ("griddepcontrol.wait" in kernel.asm["ptx"]) == pdl, fn.__name__
+    print(fn.__name__, len(kernel.asm["cubin"]))
+"""
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+def test_every_kernel_builds_for_sm90(pdl: bool) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-c", SM90_BUILD, "1" if pdl else "0"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(done.stdout.splitlines()) == 5

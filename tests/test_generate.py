@@ -334,3 +334,15 @@ def test_repetition_penalty_is_the_same_in_every_token_loop(arch: str) -> None:
         assert tokens(runner) == plain, spec
         assert runner.counters["spec"] == decoder.stats.verify_steps > 0, spec
         assert spec == "ngram" or sum(decoder.stats.accepted) > 0, spec  # drafts were kept under the penalty
+
+
+def test_compile_prefill_serves_every_prompt_length_from_one_compilation() -> None:
+    from torch._dynamo.utils import counters
+
+    plain, runner = tiny_runner("llama"), tiny_runner("llama", "last_logits,compile_prefill")
+    before = counters["stats"]["unique_graphs"]
+    # longest first: the cache is allocated once (a larger one is a new shape, hence one recompilation)
+    for prompt in (PROMPT * 3, PROMPT + [13, 14, 15, 16], PROMPT, PROMPT[:3]):
+        assert list(generate_step(runner, prompt, GREEDY, 3)) == list(generate_step(plain, prompt, GREEDY, 3))
+    assert runner.counters["compile_prefill"] == runner.counters["last_logits"] == 4  # every prefill, compiled
+    assert counters["stats"]["unique_graphs"] - before == 1  # the length is dynamic from the first prompt on

@@ -107,6 +107,9 @@ TABLE: tuple[Lever, ...] = (
           "norm → QKV → RoPE → cache write; split-KV attention; combine; o_proj → + residual; norm → gate_up → "
           "SiLU·mul; down → + residual (llama layers; not under compile)", phases=("decode",), numerics="reorders",
           seams=("norm", "qkv", "attn.decode", "o_proj", "gate_up", "down"), devices=("cuda",)),
+    Lever("pdl", "dispatch", "model", "fused_layer's kernels launched with programmatic dependent launch: each "
+          "requests its weights while the one before it finishes and waits only where it reads that one's output "
+          "(compute capability 9.0+)", phases=("decode",), devices=("cuda",)),
     Lever("kernel", "kernel", "model", "a custom kernel replaces the stock op at the seam it declares",
           numerics="reorders", value_pattern=KERNEL_REF, backends=BOTH, devices=DEVICES),
     # step stage: the functions that call the model
@@ -115,6 +118,9 @@ TABLE: tuple[Lever, ...] = (
     Lever("compile", "dispatch", "step", "decode step (and verify) through torch.compile, or mx.compile on a static "
           "cache (MLX: default only)", phases=("decode",), numerics="reorders",
           choices=("default", "max-autotune-no-cudagraphs"), backends=BOTH, devices=DEVICES),
+    Lever("compile_prefill", "dispatch", "step", "the prefill step through torch.compile, the prompt length "
+          "dynamic: one compilation for every length, one call instead of an eager launch per op",
+          phases=("prefill",), numerics="reorders"),
     Lever("graphs", "dispatch", "step", "decode step (and verify) replayed from CUDA graphs (static cache, one "
           "graph per attention window)", phases=("decode",), numerics="reorders", devices=("cuda",)),
     # loop stage: the token loop around the steps

@@ -59,14 +59,17 @@ def _inv_rms(x_ptr, sx, r, r_ok, k, eps, ROWS: tl.constexpr, BK: tl.constexpr):
 @triton.jit
 def _gemv2(x_ptr, sx, wa_ptr, wb_ptr, sw, cols_a, cols_b, n_ok, r, r_ok, k, eps, nw_ptr, dt: tl.constexpr,
            NORM: tl.constexpr, TWO: tl.constexpr, ONE: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
-           BK: tl.constexpr):
+           BK: tl.constexpr, PDL: tl.constexpr):
     """(ROWS, BN) float32 twice: x (ROWS, k) · Wa[cols_a]ᵀ and (when TWO) x · Wb[cols_b]ᵀ, both weights' tiles
     loaded in the same round. With NORM, x is first RMS-normalised and weighted as the stock RMSNorm rounds it
-    (normed → dtype, × weight → dtype); ONE: K fits one tile (x is read once, its RMS from the same load)."""
+    (normed → dtype, × weight → dtype); ONE: K fits one tile (x is read once, its RMS from the same load).
+    PDL: the weights (which no kernel writes) are requested before waiting for the previous kernel, x after."""
     acc_a = tl.zeros((ROWS, BN), tl.float32)
     acc_b = tl.zeros((ROWS, BN), tl.float32)
     inv = tl.full((ROWS,), 1.0, tl.float32)
     if NORM and not ONE:
+        if PDL:
+            tl.extra.cuda.gdc_wait()
         inv = _inv_rms(x_ptr, sx, r, r_ok, k, eps, ROWS, BK)
     k0 = 0
     while k0 < k:
@@ -76,6 +79,8 @@ def _gemv2(x_ptr, sx, wa_ptr, wb_ptr, sw, cols_a, cols_b, n_ok, r, r_ok, k, eps,
         wa = tl.load(wa_ptr + cols_a[:, None] * sw + kk[None, :], mask=w_ok, other=0.0)
         if TWO:
             wb = tl.load(wb_ptr + cols_b[:, None] * sw + kk[None, :], mask=w_ok, other=0.0)
+        if PDL:
+            tl.extra.cuda.gdc_wait()  # x is the previous kernel's output (a no-op once it has completed)
         x = tl.load(x_ptr + r[:, None] * sx + kk[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
         x = x.to(tl.float32)
         if NORM:
@@ -87,6 +92,8 @@ def _gemv2(x_ptr, sx, wa_ptr, wb_ptr, sw, cols_a, cols_b, n_ok, r, r_ok, k, eps,
         if TWO:
             acc_b += tl.sum(x[:, None, :] * wb.to(tl.float32)[None, :, :], 2)
         k0 += BK
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start requesting its weights
     return acc_a, acc_b
 
 
@@ -94,7 +101,7 @@ def _gemv2(x_ptr, sx, wa_ptr, wb_ptr, sw, cols_a, cols_b, n_ok, r, r_ok, k, eps,
 def _qkv_rope_cache(x_ptr, nw_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, ids_ptr, q_ptr, k_ptr, v_ptr,
                     eps, hidden, sx, sw, sc, sq_t, sq_h, sk_h, sk_s, sv_h, sv_s,
                     T: tl.constexpr, ROWS: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, DIM: tl.constexpr,
-                    BP: tl.constexpr, BK: tl.constexpr, HAS_BIAS: tl.constexpr):
+                    BP: tl.constexpr, BK: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
     HALF: tl.constexpr = DIM // 2
     dt: tl.constexpr = q_ptr.dtype.element_ty
     p = tl.program_id(0) * BP + tl.arange(0, BP)  # rotation pairs (j, j + HALF) of every head, q then k then v
@@ -104,7 +111,7 @@ def _qkv_rope_cache(x_ptr, nw_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, ids_ptr, q_pt
     r = tl.arange(0, ROWS)
     r_ok = r < T
     lo, hi = _gemv2(x_ptr, sx, w_ptr, w_ptr, sw, lo_col, lo_col + HALF, p_ok, r, r_ok, hidden, eps, nw_ptr, dt,
-                    True, True, BK >= hidden, ROWS, BP, BK)
+                    True, True, BK >= hidden, ROWS, BP, BK, PDL)
     if HAS_BIAS:
         lo += tl.load(b_ptr + lo_col, mask=p_ok, other=0.0).to(tl.float32)[None, :]
         hi += tl.load(b_ptr + lo_col + HALF, mask=p_ok, other=0.0).to(tl.float32)[None, :]
@@ -137,8 +144,11 @@ def _qkv_rope_cache(x_ptr, nw_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, ids_ptr, q_pt
 @triton.jit
 def _attend(q_ptr, k_ptr, v_ptr, ids_ptr, m_ptr, l_ptr, acc_ptr, sq_t, sq_h, sk_h, sk_s, sv_h, sv_s,
             chunk, scale, splits, dim,
-            T: tl.constexpr, G: tl.constexpr, RP: tl.constexpr, DP: tl.constexpr, BLOCK: tl.constexpr):
+            T: tl.constexpr, G: tl.constexpr, RP: tl.constexpr, DP: tl.constexpr, BLOCK: tl.constexpr,
+            PDL: tl.constexpr):
     kv, split = tl.program_id(0), tl.program_id(1)
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # q, k and v come from the previous kernel
     r = tl.arange(0, RP)  # row r: query head kv·G + r // T, query row r % T
     g, t = r // T, r % T
     r_ok = r < G * T
@@ -171,6 +181,8 @@ def _attend(q_ptr, k_ptr, v_ptr, ids_ptr, m_ptr, l_ptr, acc_ptr, sq_t, sq_h, sk_
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
         s0 += BLOCK
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     at = (kv * splits + split) * RP + r  # chunks past the last position store m = −inf, l = 0: weight 0
     tl.store(m_ptr + at, m_i)
     tl.store(l_ptr + at, l_i)
@@ -179,10 +191,14 @@ def _attend(q_ptr, k_ptr, v_ptr, ids_ptr, m_ptr, l_ptr, acc_ptr, sq_t, sq_h, sk_
 
 @triton.jit
 def _combine(m_ptr, l_ptr, acc_ptr, out_ptr, so_t, splits, dim,
-             T: tl.constexpr, G: tl.constexpr, RP: tl.constexpr, DP: tl.constexpr, SP: tl.constexpr):
+             T: tl.constexpr, G: tl.constexpr, RP: tl.constexpr, DP: tl.constexpr, SP: tl.constexpr,
+             PDL: tl.constexpr):
     """One program per query head and row: its chunks combined, M = max m_c,
     out = Σ e^(m_c − M) acc_c / Σ e^(m_c − M) l_c, written as SDPA returns it (the activation dtype)."""
     head, t = tl.program_id(0), tl.program_id(1)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     c = tl.arange(0, SP)
     c_ok = c < splits
     at = ((head // G) * splits + c) * RP + (head % G) * T + t
@@ -197,14 +213,14 @@ def _combine(m_ptr, l_ptr, acc_ptr, out_ptr, so_t, splits, dim,
 
 @triton.jit
 def _gate_up(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, eps, hidden, n, sx, sw, so,
-             T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+             T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
     dt: tl.constexpr = out_ptr.dtype.element_ty
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
     n_ok = cols < n
     r = tl.arange(0, ROWS)
     r_ok = r < T
     gate, up = _gemv2(x_ptr, sx, wg_ptr, wu_ptr, sw, cols, cols, n_ok, r, r_ok, hidden, eps, nw_ptr, dt, True, True,
-                      BK >= hidden, ROWS, BN, BK)
+                      BK >= hidden, ROWS, BN, BK, PDL)
     gate, up = _rnd(gate, dt), _rnd(up, dt)
     act = _rnd(gate * tl.sigmoid(gate), dt) * up
     tl.store(out_ptr + r[:, None] * so + cols[None, :], act.to(dt), mask=r_ok[:, None] & n_ok[None, :])
@@ -212,14 +228,14 @@ def _gate_up(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, eps, hidden, n, sx, sw, so,
 
 @triton.jit
 def _gemv_residual(x_ptr, w_ptr, res_ptr, out_ptr, k, n, sx, sw, sr, so,
-          T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                   T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
     dt: tl.constexpr = out_ptr.dtype.element_ty
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
     n_ok = cols < n
     r = tl.arange(0, ROWS)
     r_ok = r < T
     y, _ = _gemv2(x_ptr, sx, w_ptr, w_ptr, sw, cols, cols, n_ok, r, r_ok, k, 0.0, x_ptr, dt, False, False, BK >= k,
-                  ROWS, BN, BK)
+                  ROWS, BN, BK, PDL)
     both = r_ok[:, None] & n_ok[None, :]
     res = tl.load(res_ptr + r[:, None] * sr + cols[None, :], mask=both, other=0.0).to(tl.float32)
     tl.store(out_ptr + r[:, None] * so + cols[None, :], (res + _rnd(y, dt)).to(dt), mask=both)
@@ -276,10 +292,12 @@ def _splits(upper: int, kv_heads: int, device: torch.device) -> tuple[int, int]:
 
 
 def layer(x: torch.Tensor, w: Weights, shape: Shape, cos: torch.Tensor, sin: torch.Tensor, ids: torch.Tensor,
-          keys: torch.Tensor, values: torch.Tensor, upper: int) -> torch.Tensor:
+          keys: torch.Tensor, values: torch.Tensor, upper: int, pdl: bool = False) -> torch.Tensor:
     """One decoder layer for x (T, hidden), T ≤ MAX_ROWS rows at positions `ids` (T,) on the device: writes
     this layer's k, v (Hkv, S, D cache views) at those positions, attends over keys ≤ each row's position (the
-    grid covers `upper` ≥ the last position + 1) and returns the layer's output (T, hidden)."""
+    grid covers `upper` ≥ the last position + 1) and returns the layer's output (T, hidden). `pdl`: every kernel
+    launched with programmatic dependent launch (compute capability 9.0+), each waiting on the one before it
+    (`griddepcontrol.wait`) only where it first reads that kernel's output."""
     rows, hidden = x.shape
     heads, kv_heads, dim = shape
     group, half = heads // kv_heads, dim // 2
@@ -291,7 +309,7 @@ def layer(x: torch.Tensor, w: Weights, shape: Shape, cos: torch.Tensor, sin: tor
         x, w.input_norm, w.qkv, bias, cos, sin, ids, q, keys, values, w.eps, hidden, x.stride(0),
         w.qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0),
         values.stride(1), T=rows, ROWS=padded, HQ=heads, HKV=kv_heads, DIM=dim, BP=bp, BK=bk,
-        HAS_BIAS=w.qkv_bias is not None)
+        HAS_BIAS=w.qkv_bias is not None, PDL=pdl, launch_pdl=pdl)
     chunk, splits = _splits(upper, kv_heads, x.device)
     rp, dp = max(ROWS_MIN, triton.next_power_of_2(group * rows)), max(16, triton.next_power_of_2(dim))
     m = torch.empty(kv_heads * splits * rp, device=x.device, dtype=torch.float32)
@@ -300,25 +318,26 @@ def layer(x: torch.Tensor, w: Weights, shape: Shape, cos: torch.Tensor, sin: tor
     _attend[(kv_heads, splits)](
         q, keys, values, ids, m, l_sum, acc, q.stride(0), q.stride(1), keys.stride(0), keys.stride(1),
         values.stride(0), values.stride(1), chunk, 1.0 / math.sqrt(dim), splits, dim,
-        T=rows, G=group, RP=rp, DP=dp, BLOCK=BLOCK_S)
+        T=rows, G=group, RP=rp, DP=dp, BLOCK=BLOCK_S, PDL=pdl, launch_pdl=pdl)
     attended = x.new_empty(rows, heads * dim)
     _combine[(heads, rows)](m, l_sum, acc, attended, attended.stride(0), splits, dim, T=rows, G=group, RP=rp, DP=dp,
-                            SP=triton.next_power_of_2(splits))
-    h = _residual(attended, w.o_proj, x)
+                            SP=triton.next_power_of_2(splits), PDL=pdl, launch_pdl=pdl)
+    h = _residual(attended, w.o_proj, x, pdl)
     inter = w.gate.shape[0]
     act = x.new_empty(rows, inter)
     _, bn, bk = _tiles(rows, inter, hidden)
     _gate_up[(triton.cdiv(inter, bn),)](
         h, w.post_norm, w.gate, w.up, act, w.eps, hidden, inter, h.stride(0), w.gate.stride(0), act.stride(0),
-        T=rows, ROWS=padded, BN=bn, BK=bk)
-    return _residual(act, w.down, h)
+        T=rows, ROWS=padded, BN=bn, BK=bk, PDL=pdl, launch_pdl=pdl)
+    return _residual(act, w.down, h, pdl)
 
 
-def _residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+def _residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, pdl: bool) -> torch.Tensor:
     """residual + x · weightᵀ, the product rounded to the activation dtype first (as stock's linear, then add)."""
     (rows, k), n = x.shape, weight.shape[0]
     out = torch.empty_like(residual)
     padded, bn, bk = _tiles(rows, n, k)
     _gemv_residual[(triton.cdiv(n, bn),)](x, weight, residual, out, k, n, x.stride(0), weight.stride(0),
-                                          residual.stride(0), out.stride(0), T=rows, ROWS=padded, BN=bn, BK=bk)
+                                          residual.stride(0), out.stride(0), T=rows, ROWS=padded, BN=bn, BK=bk,
+                                          PDL=pdl, launch_pdl=pdl)
     return out

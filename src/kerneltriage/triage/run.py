@@ -29,10 +29,13 @@ from kerneltriage.triage.shares import baseline_evidence, lever_shares
 
 STAGES = ("setup", "where time goes", "Q1 delete work", "Q2 fast paths", "Q3 dispatch/sync",
           "custom-kernel outlook", "recommendations")
-# Dispatch levers A/B'd in triage: the table's, but compile (its warm-up, about a minute, is beyond the budget).
+# Dispatch levers A/B'd in triage: the table's, but the compiles (a warm-up of about a minute is beyond the budget)
+# and pdl (it acts on fused_layer's kernels only).
+NOT_MEASURED = {name: "compile warm-up (~1 min) is beyond triage's budget: measure it with `kerneltriage ab`"
+                for name in ("compile", "compile_prefill")}
+NOT_MEASURED["pdl"] = "acts on fused_layer's kernels only: measure `fused_layer,pdl` against `fused_layer` with ab"
 DISPATCH_LEVERS = tuple(LeverSetting(lever) for lever in TABLE
-                        if lever.question == "dispatch" and not lever.takes_value)
-NOT_MEASURED = {"compile": "compile warm-up (~1 min) is beyond triage's budget: measure it with `kerneltriage ab`"}
+                        if lever.question == "dispatch" and not lever.takes_value and lever.name not in NOT_MEASURED)
 Progress = Callable[[int, str], None]
 FULL_ROOFLINE_PCT = 100.0
 CONTEXT_DEPTH_MIN = 64  # shallower, decode's cost of context is within the noise of a short decode

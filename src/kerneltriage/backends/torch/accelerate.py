@@ -106,15 +106,22 @@ class CompiledStep:
 
     Positions are dynamic after the second step (ints are specialised once, then made symbolic), so one
     compilation serves the eager token loop; under `graphs` it is compiled once in the static layout.
-    Compilation is lazy: a verify that never runs is never compiled."""
+    Compilation is lazy: a verify that never runs is never compiled. A prefill (`rows_dynamic`) marks the prompt
+    length dynamic, so the first prompt's compilation serves every length, and may break its graph (a lever's
+    own kernels, `fused_layer`'s on short prompts, run eagerly between the compiled pieces). `lever` is the
+    counter each call adds to."""
 
-    def __init__(self, runner: Runner, step: StepFn, mode: str) -> None:
-        self.runner, self.mode = runner, mode
-        self.compiled = torch.compile(own_code(step), mode=None if mode == "default" else mode, fullgraph=True)
+    def __init__(self, runner: Runner, step: StepFn, mode: str, lever: str | None = None,
+                 rows_dynamic: bool = False) -> None:
+        self.runner, self.lever, self.rows_dynamic = runner, lever or f"compile={mode}", rows_dynamic
+        self.compiled = torch.compile(own_code(step), mode=None if mode == "default" else mode,
+                                      fullgraph=not rows_dynamic)
         self.inside: set[str] = set()  # levers traced into this step (counting.ran): each call runs them
 
     def __call__(self, model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
-        self.runner.counters[f"compile={self.mode}"] += 1
+        self.runner.counters[self.lever] += 1
+        if self.rows_dynamic and tokens.shape[1] > 1:  # (a length of 1 would be specialised anyway)
+            torch._dynamo.mark_dynamic(tokens, 1)
         counting.TRACING.append(self)  # a compilation happens inside this call
         try:
             logits = self.compiled(model, tokens, start)
@@ -134,6 +141,13 @@ def own_code(step: Callable) -> Callable:
     copy = types.FunctionType(code, step.__globals__, step.__name__, step.__defaults__, step.__closure__)
     copy.__kwdefaults__, copy.__qualname__ = step.__kwdefaults__, step.__qualname__
     return copy
+
+
+def compile_prefill(runner: Runner, value: str | None = None) -> None:
+    """dispatch: the prefill step through torch.compile, the prompt length dynamic. An eager prefill is one
+    Python call per op (~1,300 on the default model), host-bound on a small model (triage on the H200: 75% of a
+    stock pp512 was host gap); compiled, it is one call with fused elementwise kernels."""
+    runner.prefill_step = CompiledStep(runner, runner.prefill_step, "default", "compile_prefill", rows_dynamic=True)
 
 
 def compile_steps(runner: Runner, mode: str) -> None:

@@ -21,6 +21,7 @@ from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
 
 LEVER = "fused_layer"
+PDL_MAJOR = 9  # programmatic dependent launch: Hopper (sm_90) and newer
 
 
 def _stack(module: nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -78,25 +79,34 @@ def _takes(block: TransformerBlock) -> str | None:
     return None
 
 
-def _forward(runner: Runner, block: TransformerBlock, weights, stock: Callable) -> Callable:  # noqa: ANN001
-    from kerneltriage.kernels.fused_layer import MAX_ROWS, Shape, layer
+class FusedForward:
+    """A layer's forward with its decode and verify rows through the fused kernels (`pdl`: launched with
+    programmatic dependent launch, the `pdl` lever)."""
 
-    attn = block.self_attn
-    shape = Shape(attn.num_heads, attn.num_kv_heads, attn.head_dim)
+    def __init__(self, runner: Runner, block: TransformerBlock, weights, stock: Callable) -> None:  # noqa: ANN001
+        from kerneltriage.kernels.fused_layer import Shape, layer
 
-    def forward(x: torch.Tensor, index: int, step: Step) -> torch.Tensor:
+        self.runner, self.weights, self.stock = runner, weights, stock
+        self.layer = torch.compiler.disable(layer)  # a compiled prefill of a short prompt runs these eagerly
+        attn = block.self_attn
+        self.shape = Shape(attn.num_heads, attn.num_kv_heads, attn.head_dim)
+        self.pdl = False
+
+    def __call__(self, x: torch.Tensor, index: int, step: Step) -> torch.Tensor:
+        from kerneltriage.kernels.fused_layer import MAX_ROWS
+
         batch, rows, _ = x.shape
         cache = step.cache
         if batch != 1 or rows > MAX_ROWS or type(cache) not in (KVCache, StaticKVCache):
-            return stock(x, index, step)  # prompts, batches, tree verifies (their own positions and mask)
-        counting.ran(runner, LEVER)
+            return self.stock(x, index, step)  # prompts, batches, tree verifies (their own positions and mask)
+        counting.ran(self.runner, LEVER)
+        if self.pdl:
+            counting.ran(self.runner, "pdl")
         window = cache.window if isinstance(cache, StaticKVCache) and cache.window is not None else None
         upper = window if window is not None else step.pos.start + rows
-        out = layer(x[0], weights, shape, step.cos, step.sin, step.pos.ids, cache.keys[index, 0],
-                    cache.values[index, 0], upper)
+        out = self.layer(x[0], self.weights, self.shape, step.cos, step.sin, step.pos.ids, cache.keys[index, 0],
+                         cache.values[index, 0], upper, self.pdl)
         return out.unsqueeze(0)
-
-    return forward
 
 
 def fused_layer(runner: Runner, value: str | None = None) -> None:
@@ -107,5 +117,19 @@ def fused_layer(runner: Runner, value: str | None = None) -> None:
         if why is not None:
             raise InputError(f"--levers {LEVER}: a {runner.config.arch} model has {why}; expected llama layers")
     for block in runner.model.layers:
-        block.forward = _forward(runner, block, _weights(block), block.forward)
+        block.forward = FusedForward(runner, block, _weights(block), block.forward)
     runner.no_compile = LEVER
+
+
+def pdl(runner: Runner, value: str | None = None) -> None:
+    """dispatch: fused_layer's kernels launched with programmatic dependent launch — each may start while the one
+    before it finishes, requesting its weights, and waits (griddepcontrol.wait) where it reads that one's output."""
+    forwards = [block.forward for block in runner.model.layers if isinstance(block.forward, FusedForward)]
+    if not forwards:
+        raise InputError(f"--levers pdl: launches {LEVER}'s kernels; expected {LEVER} in the same --levers")
+    major, minor = torch.cuda.get_device_capability(runner.device)
+    if major < PDL_MAJOR:
+        raise InputError(f"--levers pdl: programmatic dependent launch needs compute capability {PDL_MAJOR}.0 or "
+                         f"newer; {torch.cuda.get_device_name(runner.device)} is {major}.{minor}")
+    for forward in forwards:
+        forward.pdl = True

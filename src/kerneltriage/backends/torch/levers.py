@@ -28,7 +28,7 @@ def last_logits(runner: Runner, value: str | None = None) -> None:
     """delete: the prefill's output projection for the last prompt position only."""
 
     def prefill(model: nn.Module, tokens: torch.Tensor, start: int) -> torch.Tensor:
-        runner.counters["last_logits"] += 1
+        counting.ran(runner, "last_logits")  # (compile_prefill may trace this step)
         return model.logits(model.hidden(tokens, start)[:, -1])  # (1, hidden) → (1, V)
 
     runner.prefill_step = prefill
@@ -95,9 +95,11 @@ APPLIERS: dict[str, Applier] = {
     "flex_decode": lambda runner, value: attention_levers.flex_decode(runner),
     "sdpa_backend": attention_levers.sdpa_backend,
     "fused_layer": fused_layer.fused_layer,
+    "pdl": fused_layer.pdl,
     "kernel": kernel_lever.install,
     "last_logits": last_logits,
     "compile": accelerate.compile_steps,
+    "compile_prefill": accelerate.compile_prefill,
     "graphs": lambda runner, value: accelerate.graphs(runner),
     "one_sync": one_sync,
 }

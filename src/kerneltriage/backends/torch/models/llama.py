@@ -53,7 +53,8 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: Posit
     if pos.mask is not None:
         return grouped_attention(q, k, v, pos.mask, sdpa)
     if pos.start == 0:
-        return sdpa(q, k, v, is_causal=length > 1, enable_gqa=True)
+        # causal whatever the length (one row sees its one key either way): a compiled prefill's length is symbolic
+        return sdpa(q, k, v, is_causal=True, enable_gqa=True)
     if length == 1:
         return sdpa(q, k, v, enable_gqa=True)
     rows = torch.arange(length, device=q.device).unsqueeze(1) + pos.start
