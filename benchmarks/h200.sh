@@ -61,6 +61,8 @@ case "${1:-}" in
   probe)  # fused_layer against the best set on the preset (no model needed), llama.cpp building beside it
     bash "$0" llamacpp-build & build=$!
     step 240 python3 benchmarks/fused_layer_probe.py --out "$OUT/fused-layer-probe-h200.json"
+    step 240 python3 benchmarks/fused_layer_probe.py --model llama3-8b --depths 0 \
+      --out "$OUT/fused-layer-probe-llama3-8b-h200.json"  # issue 13: ≥ 85% of the copy roofline (~226 tok/s)
     step 200 "${kt[@]}" bench --model smollm2-135m --levers "$FUSED" \
       --peers "torch:${BEST//,/+}" -p 512 -n 128 -d 0,2048 -r 3 \
       --output json --ledger "$L" > "$OUT/bench-smollm2-preset-h200-fused.json"

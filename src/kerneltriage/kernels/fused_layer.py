@@ -9,7 +9,8 @@ their count, and attention that reads only the filled cache, split across the SM
 2. `_attend`: split-KV attention (flash-decoding): one program per KV head and chunk of keys, all G query heads ×
    T rows of that KV head in one block, reading only keys ≤ the row's position; partial (m, l, acc) per chunk;
 3. `_combine`: the chunks combined per query head and row (fused into o_proj's prologue, where every program
-   redid it for every head, it cost 12.7 µs against ~5 for the two kernels: H200, fused-layer-probe-h200.json);
+   redid it for every head, it cost 12.7 µs against 3.6 for the two kernels: H200,
+   fused-layer-probe-h200-before-combine.json and fused-layer-probe-h200.json);
 4. `_gemv_residual`: o_proj GEMV → + residual;
 5. `_gate_up`: RMSNorm in the prologue → gate and up GEMVs → SiLU(gate) · up;
 6. `_gemv_residual`: down GEMV → + residual.
@@ -30,9 +31,10 @@ import triton.language as tl
 
 MAX_ROWS = 32  # decode (1) and speculative verify (k + 1 ≤ 17 for suffix:16) rows; prompts take the stock layer
 BN = 4  # output columns (q/k/v: rotation pairs) per GEMV program
-TILE = 16384  # elements of a GEMV program's (rows, columns, K) product tile: registers, not shared memory
+TILE = 8192  # elements of a GEMV program's (rows, columns, K) tile per weight: registers, not shared memory
+WIDE = 8192  # weight elements a program holds at once above which it runs 8 warps instead of 4
 BLOCK_S = 64  # keys per attention tile
-MAX_SPLITS = 32  # chunks of keys per KV head (the o_proj prologue combines them)
+MAX_SPLITS = 32  # chunks of keys per KV head, combined by `_combine` (16 gave 1,396 tok/s at depth 2048, 32: 1,500)
 ROWS_MIN = 16  # tl.dot wants at least 16 rows
 
 
@@ -242,12 +244,18 @@ def _gemv_residual(x_ptr, w_ptr, res_ptr, out_ptr, k, n, sx, sw, sr, so,
 
 
 def _tiles(rows: int, n: int, k: int) -> tuple[int, int, int]:
-    """(ROWS, BN, BK) for a GEMV of `rows` rows: whole K in one tile where the product tile fits (one round of
-    loads per program: these GEMVs are latency-bound), BN output columns per program (many programs: on the
-    default model's 576-wide projections, 4 columns per program measured 1035 tok/s against 993 with 8 and 835
-    with 16, H200, benchmarks/results/fused-layer-probe-h200.json)."""
+    """(ROWS, BN, BK) for a GEMV of `rows` rows: whole K in one tile where the tile fits (one round of loads per
+    program: these GEMVs are latency-bound), BN output columns per program (many programs: on the default model's
+    576-wide projections 4 columns per program gave 1,035 tok/s, 8 gave 993 and 16 gave 835, and a tile of 8,192
+    or 32,768 elements the same 1,034; H200, `fused-layer-probe-h200-first.json`)."""
     padded = triton.next_power_of_2(rows)
     return padded, BN, min(triton.next_power_of_2(k), max(16, TILE // (padded * BN)))
+
+
+def _warps(weight_elements: int) -> int:
+    """Warps for a GEMV program holding this many weight elements at once (8 past WIDE: 64 per thread at most;
+    the default model's tiles are all ≤ WIDE, so its measured launches ran 4)."""
+    return 8 if weight_elements > WIDE else 4
 
 
 class Weights(NamedTuple):
@@ -309,7 +317,7 @@ def layer(x: torch.Tensor, w: Weights, shape: Shape, cos: torch.Tensor, sin: tor
         x, w.input_norm, w.qkv, bias, cos, sin, ids, q, keys, values, w.eps, hidden, x.stride(0),
         w.qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0),
         values.stride(1), T=rows, ROWS=padded, HQ=heads, HKV=kv_heads, DIM=dim, BP=bp, BK=bk,
-        HAS_BIAS=w.qkv_bias is not None, PDL=pdl, launch_pdl=pdl)
+        HAS_BIAS=w.qkv_bias is not None, PDL=pdl, launch_pdl=pdl, num_warps=_warps(2 * bp * bk))
     chunk, splits = _splits(upper, kv_heads, x.device)
     rp, dp = max(ROWS_MIN, triton.next_power_of_2(group * rows)), max(16, triton.next_power_of_2(dim))
     m = torch.empty(kv_heads * splits * rp, device=x.device, dtype=torch.float32)
@@ -328,7 +336,7 @@ def layer(x: torch.Tensor, w: Weights, shape: Shape, cos: torch.Tensor, sin: tor
     _, bn, bk = _tiles(rows, inter, hidden)
     _gate_up[(triton.cdiv(inter, bn),)](
         h, w.post_norm, w.gate, w.up, act, w.eps, hidden, inter, h.stride(0), w.gate.stride(0), act.stride(0),
-        T=rows, ROWS=padded, BN=bn, BK=bk, PDL=pdl, launch_pdl=pdl)
+        T=rows, ROWS=padded, BN=bn, BK=bk, PDL=pdl, launch_pdl=pdl, num_warps=_warps(2 * bn * bk))
     return _residual(act, w.down, h, pdl)
 
 
@@ -339,5 +347,5 @@ def _residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, pdl
     padded, bn, bk = _tiles(rows, n, k)
     _gemv_residual[(triton.cdiv(n, bn),)](x, weight, residual, out, k, n, x.stride(0), weight.stride(0),
                                           residual.stride(0), out.stride(0), T=rows, ROWS=padded, BN=bn, BK=bk,
-                                          PDL=pdl, launch_pdl=pdl)
+                                          PDL=pdl, launch_pdl=pdl, num_warps=_warps(bn * bk))
     return out
