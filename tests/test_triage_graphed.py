@@ -125,3 +125,14 @@ def test_the_candidates_are_rendered_in_text_html_and_json() -> None:
     recorded = next(f for f in report.to_dict()["findings"] if f["code"] == "graphed-step")
     listed = {row["candidate"] for row in recorded["evidence"]["candidates"]}
     assert listed == {candidate.name for candidate in fusion.CANDIDATES}
+
+
+def test_the_fusion_finding_offers_fused_layer_where_it_runs() -> None:
+    step = Breakdown("decode", 1e-3, {"q_proj": DEVICE_SHARE * 1e-3}, None, kernels_per_token=KERNELS)
+    offered = q3_dispatch.graphed_step(step, {}, fusion.Structure(LAYERS, ("graphs",), "bfloat16"), gpu=True)
+    assert offered.lever == "fused_layer" and "--levers fused_layer,graphs" in offered.fix
+    for structure in (fusion.Structure(LAYERS, ("graphs", "fused_layer"), "bfloat16"),  # on already
+                      fusion.Structure(LAYERS, ("graphs",), "bfloat16", arch="qwen3"),  # q/k norms: not taken
+                      fusion.Structure(LAYERS, ("graphs",), "float16", backend="mlx")):
+        found = q3_dispatch.graphed_step(step, {}, structure, gpu=True)
+        assert found.lever is None and "kerneltriage kernel" in found.fix

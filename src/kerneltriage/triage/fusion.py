@@ -64,13 +64,24 @@ CANDIDATES: tuple[Candidate, ...] = (
 )
 
 
+FUSED_LAYER_ARCHS = ("llama", "qwen2")  # the layers the torch `fused_layer` lever takes (backends/torch/fused_layer.py)
+
+
 @dataclass(frozen=True)
 class Structure:
-    """What the structural count needs: layers, and the levers and dtype that change the block's kernels."""
+    """What the structural count needs: layers, and the levers and dtype that change the block's kernels; the
+    architecture and backend say whether the `fused_layer` lever (these fusions, built) can take the model."""
 
     layers: int
     levers: tuple[str, ...]
     dtype: str
+    arch: str = "llama"
+    backend: str = "torch"
+
+    @property
+    def fused_layer_offered(self) -> bool:
+        """`fused_layer` would run here and is not on yet."""
+        return self.backend == "torch" and self.arch in FUSED_LAYER_ARCHS and "fused_layer" not in self.levers
 
     def class_kernels(self, cls: str) -> float:
         """Eager kernels per layer of one op class."""

@@ -20,7 +20,7 @@ GRAPHS = LeverSetting(LEVERS["graphs"])
 def structure(runner: Runner, graphed: bool) -> Structure:
     """The structural facts the fusion counts need, for `runner` with graphs on where `graphed`."""
     levers = runner.run_config.lever_names + (() if not graphed or runner.run_config.has("graphs") else ("graphs",))
-    return Structure(runner.config.num_layers, levers, runner.dtype)
+    return Structure(runner.config.num_layers, levers, runner.dtype, runner.config.arch, runner.backend)
 
 
 def graphed_decode(backend: Backend, runner: Runner, workload: Workload, budget: Budget, baseline: Breakdown,

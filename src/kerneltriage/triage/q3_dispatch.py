@@ -106,9 +106,16 @@ def graphed_step(graphed: Breakdown | None, attributed: Mapping[str, float], str
         {"kernels_per_token": count, "seconds_per_kernel": per_kernel, "gap_share": graphed.gap_share,
          "step_seconds": graphed.step_seconds, "device_seconds": graphed.device_seconds,
          "breakdown": graphed.to_dict(), "candidates": [row.to_dict() for row in rows]},
-        rows[0].ceiling, None, "ceiling",
-        "fewer, larger kernels: fuse at the seams listed (`kerneltriage kernel`), the largest ceiling first; "
-        "each ceiling is that candidate alone", "decode")
+        rows[0].ceiling, None, "ceiling", _fusion_fix(structure), "decode",
+        "fused_layer" if structure.fused_layer_offered else None)
+
+
+def _fusion_fix(structure: fusion.Structure) -> str:
+    if structure.fused_layer_offered:
+        return ("--levers fused_layer,graphs: every candidate above but add_norm, built as six Triton kernels per "
+                "layer (add pdl for programmatic dependent launch); judge it with `kerneltriage ab` against this set")
+    return ("fewer, larger kernels: fuse at the seams listed (`kerneltriage kernel`), the largest ceiling first; "
+            "each ceiling is that candidate alone")
 
 
 def analyze(decode: Breakdown, census: Mapping[str, Any], gains: Mapping[str, LeverResult], gpu: bool
