@@ -56,7 +56,8 @@ def test_lever_keeps_greedy_tokens_on_the_real_model(default_checkpoint, prompt,
         assert len(windows) == (1 if runner.run_config.has("compile") else 2), windows
 
 
-@pytest.mark.parametrize("levers", ["graphs", "packed_qkv,packed_gate_up,compile=default,graphs", "flex_decode,graphs"])
+@pytest.mark.parametrize("levers", ["graphs", "packed_qkv,packed_gate_up,compile=default,graphs", "flex_decode,graphs",
+                                    "fused_layer,graphs"])
 @pytest.mark.parametrize("spec", ["ngram", "selfdraft:15"])
 def test_graphed_speculation_keeps_greedy_tokens(default_checkpoint, prompt, plain_tokens, levers: str,
                                                  spec: str) -> None:
