@@ -10,6 +10,7 @@
 #                                      llama.cpp building beside it (llamacpp-build: ~5 min, from .llamasrc)
 #   bash benchmarks/h200.sh llamacpp   the decode set beside llama.cpp and the compiled best set on the same GGUF
 #                                      at depths 0 and 2048 (needs the model; builds llama-bench first if not built)
+#   bash benchmarks/h200.sh kernels    kernel run of split_kv_attention and silu_gemv (IEEE float32; needs the model)
 #   bash benchmarks/h200.sh spec       suffix speculation vs the fused set on the four prompt sets (needs the model)
 #   bash benchmarks/h200.sh mlx-tf32   mlx-lm's float16 decode with MLX_ENABLE_TF32 1 and 0 (needs all four parts)
 #   bash benchmarks/h200.sh mlx        MLX's CUDA backend: bench beside torch's best set, mlx-lm and llama.cpp (when
@@ -77,6 +78,10 @@ case "${1:-}" in
       > "$OUT/ab-default-h200-fused-layer.json"
     step 200 "${kt[@]}" ab --a "levers=$FUSED" --b "levers=$FUSED,pdl" -p 0 -n 128 -r 8 --output json --ledger "$L" \
       > "$OUT/ab-default-h200-pdl.json" ;;
+  kernels)  # issue 13's ledger: the two tl.dot candidates again, IEEE float32 now (2026-11-30 they were invalid: TF32)
+    for k in split_kv_attention:SPLIT_KV silu_gemv:SILU_GEMV; do
+      step 200 "${kt[@]}" kernel run --kernel "kerneltriage.kernels.$k" --ledger "$L" > "$OUT/kernel-${k%%:*}.txt" 2>&1
+    done ;;
   spec)  # issue 14: suffix speculation on the fused set, every prompt set (one_sync's loop is the decoder's under spec)
     for set in copy_heavy repetitive summarize open_ended; do
       step 140 "${kt[@]}" ab --a "levers=$FUSED" --b "levers=${FUSED%,one_sync};spec=suffix" \
@@ -92,7 +97,7 @@ case "${1:-}" in
       "${llama[@]}" -p 512 -n 128 -d 0,2048 -r 5 --output json --ledger "$L" > "$OUT/bench-default-h200-mlx.json"
     step 240 "${kt[@]}" triage --backend mlx --device cuda --dtype float16 --output json \
       --html "$OUT/triage-default-h200-mlx.html" --ledger "$L" > "$OUT/triage-default-h200-mlx.json" ;;
-  *) echo "usage: bash benchmarks/h200.sh smoke|8b|8b-table|8b-triaged|8b-triage|default|default-table|default-triaged|default-triage|gpu-tests|probe|llamacpp-build|llamacpp|spec|mlx-tf32|mlx" >&2
+  *) echo "usage: bash benchmarks/h200.sh smoke|8b|8b-table|8b-triaged|8b-triage|default|default-table|default-triaged|default-triage|gpu-tests|probe|llamacpp-build|llamacpp|kernels|spec|mlx-tf32|mlx" >&2
      exit 2 ;;
 esac
-tar czf "$OUT/$1.tgz" -C "$OUT" $(cd "$OUT" && ls -d ab-* bench-* triage-* spec-* fused-* mlx-* ledger-h200.db 2>/dev/null) 2>/dev/null
+tar czf "$OUT/$1.tgz" -C "$OUT" $(cd "$OUT" && ls -d ab-* bench-* triage-* spec-* fused-* mlx-* kernel-* ledger-h200.db 2>/dev/null) 2>/dev/null
