@@ -97,11 +97,13 @@ def test_refuses_qwen3_and_compile() -> None:
         compile_steps(runner, "default")
 
 
-def test_needs_cuda_through_the_lever_table() -> None:
-    if DEVICE == "cuda":
-        pytest.skip("the refusal is for machines without CUDA")
-    with pytest.raises(InputError, match="CUDA"):
-        tiny_runner("llama", "fused_layer")
+def test_the_lever_table_takes_it_on_cuda_only() -> None:
+    if DEVICE == "cuda":  # through the table, as --levers applies it: every layer fused
+        runner = BACKEND.build(tiny_checkpoint("llama"), RunConfig.from_flags("fused_layer"), "cuda", "float32")
+        assert all(type(block.forward).__name__ == "FusedForward" for block in runner.model.layers)
+    else:
+        with pytest.raises(InputError, match="CUDA"):
+            tiny_runner("llama", "fused_layer")
 
 
 def test_packed_qkv_weights_are_not_copied_again() -> None:

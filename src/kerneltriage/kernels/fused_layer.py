@@ -22,6 +22,7 @@ compute what stock computes, reordered.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -300,10 +301,16 @@ class Shape(NamedTuple):
     head_dim: int
 
 
+@functools.lru_cache(maxsize=None)
+def _sms(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device (asked once: every layer of every step sizes its grid from it); 4 off CUDA."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
 def _splits(upper: int, kv_heads: int, device: torch.device) -> tuple[int, int]:
     """(chunk, splits): keys per program and programs per KV head for a cache read up to `upper` positions —
     about 2 programs per SM, no chunk shorter than a tile, at most MAX_SPLITS."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    sms = _sms(device)
     wanted = max(1, min(MAX_SPLITS, triton.cdiv(2 * sms, kv_heads)))
     chunk = triton.cdiv(triton.cdiv(upper, wanted), BLOCK_S) * BLOCK_S
     return chunk, triton.cdiv(upper, chunk)

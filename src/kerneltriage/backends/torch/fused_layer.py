@@ -84,20 +84,19 @@ class FusedForward:
     programmatic dependent launch, the `pdl` lever)."""
 
     def __init__(self, runner: Runner, block: TransformerBlock, weights, stock: Callable) -> None:  # noqa: ANN001
-        from kerneltriage.kernels.fused_layer import Shape, layer
+        from kerneltriage.kernels.fused_layer import MAX_ROWS, Shape, layer
 
         self.runner, self.weights, self.stock = runner, weights, stock
         self.layer = torch.compiler.disable(layer)  # a compiled prefill of a short prompt runs these eagerly
         attn = block.self_attn
         self.shape = Shape(attn.num_heads, attn.num_kv_heads, attn.head_dim)
         self.pdl = False
+        self.max_rows = MAX_ROWS
 
     def __call__(self, x: torch.Tensor, index: int, step: Step) -> torch.Tensor:
-        from kerneltriage.kernels.fused_layer import MAX_ROWS
-
         batch, rows, _ = x.shape
         cache = step.cache
-        if batch != 1 or rows > MAX_ROWS or type(cache) not in (KVCache, StaticKVCache):
+        if batch != 1 or rows > self.max_rows or type(cache) not in (KVCache, StaticKVCache):
             return self.stock(x, index, step)  # prompts, batches, tree verifies (their own positions and mask)
         counting.ran(self.runner, LEVER)
         if self.pdl:
