@@ -346,3 +346,14 @@ def test_compile_prefill_serves_every_prompt_length_from_one_compilation() -> No
         assert list(generate_step(runner, prompt, GREEDY, 3)) == list(generate_step(plain, prompt, GREEDY, 3))
     assert runner.counters["compile_prefill"] == runner.counters["last_logits"] == 4  # every prefill, compiled
     assert counters["stats"]["unique_graphs"] - before == 1  # the length is dynamic from the first prompt on
+
+
+def test_compile_prefill_takes_a_prompt_that_fills_the_cache_exactly() -> None:
+    """The H200's pp512 bench allocates exactly the prompt's slots: copy_ into the full cache made dynamo specialise
+    the length it was told was dynamic (a ConstraintViolationError); now it compiles for that length."""
+    plain, runner = tiny_runner("llama"), tiny_runner("llama", "compile_prefill")
+    prompt = PROMPT * 2
+    for r in (plain, runner):
+        r.reset_cache(len(prompt))
+    assert runner.cache_capacity == len(prompt)
+    torch.testing.assert_close(runner.prefill(prompt, 0), plain.prefill(prompt, 0), rtol=1e-5, atol=1e-5)

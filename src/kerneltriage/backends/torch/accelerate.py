@@ -20,6 +20,7 @@ from kerneltriage.backends.torch.runner import Runner, StepFn, decode_one, verif
 from kerneltriage.core.errors import InputError
 
 GRAPH_WINDOW = 256  # captured decode graphs attend over a multiple of this many cache slots
+PREFILL_BUCKET = 64  # a graphed prefill pads its prompt to a multiple of this many rows: one graph per 64 lengths
 GRAPH_WARMUPS = 2  # eager runs before capture (lazy inits must not land in the graph)
 Capture = Callable[[Callable[[], Any], int], tuple[Any, Any]]  # (fn, warm-ups) → (graph with .replay(), output)
 
@@ -41,25 +42,31 @@ class GraphedStep:
     since every new window would be a new compilation). `capture` is injectable so that counting can be tested
     without a GPU."""
 
-    def __init__(self, runner: Runner, step: StepFn, window_step: int | None, capture_fn: Capture = capture) -> None:
+    def __init__(self, runner: Runner, step: StepFn, window_step: int | None, capture_fn: Capture = capture,
+                 lever: str = "graphs") -> None:
         self.runner, self.step, self.window_step, self.capture = runner, step, window_step, capture_fn
+        self.lever = lever  # the counter each replay adds to
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.cache: StaticKVCache | None = None
+
+    def window(self, cache: StaticKVCache, end: int) -> int:
+        """The attention window (cache slots) of a step ending at position `end`."""
+        step = self.window_step or cache.max_len
+        return min(cache.max_len, -(-end // step) * step)
 
     def __call__(self, model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
         cache, rows = model.cache, tokens.shape[1]
         if cache is not self.cache:
             self.graphs.clear()
             self.cache = cache
-        step = self.window_step or cache.max_len
-        window = min(cache.max_len, -(-(start + rows) // step) * step)
+        window = self.window(cache, start + rows)
         entry = self.graphs.get((window, rows)) or self._capture(model, cache, window, tokens, start)
         entry.tokens.copy_(tokens)
         cache.position.fill_(start)
         entry.graph.replay()
         cache.length = start + rows
         self.runner.counters.update(entry.inside)  # what this replay ran
-        self.runner.counters["graphs"] += 1
+        self.runner.counters[self.lever] += 1
         return entry.logits
 
     def _capture(self, model: Model, cache: StaticKVCache, window: int, tokens: torch.Tensor, start: int) -> _Graph:
@@ -101,15 +108,54 @@ def graphs(runner: Runner, value: str | None = None, capture_fn: Capture = captu
     runner.verify_step = GraphedStep(runner, runner.verify_step, window, capture_fn)
 
 
+class GraphedPrefill:
+    """The prefill replayed from CUDA graphs: the prompt padded to a multiple of PREFILL_BUCKET rows with its last
+    token repeated, and the logits of its real last row picked on the device. The filler is harmless: the causal
+    mask hides it from the real rows, and its cache slots lie past the prompt, where the next steps write before
+    anything reads them. A (window, rows) bucket is captured the second time it is seen: a prompt length seen once
+    runs eagerly (capture costs about three eager prefills), as does one whose padding would pass the cache."""
+
+    def __init__(self, runner: Runner, capture_fn: Capture = capture) -> None:
+        self.runner, self.eager = runner, runner.prefill_step
+        self.last_only = runner.run_config.has("last_logits")  # its deletion, kept: one row through lm_head
+        self.last = torch.zeros(1, dtype=torch.long, device=runner.device)  # the real last row, set per call
+        self.graphed = GraphedStep(runner, self._padded, GRAPH_WINDOW, capture_fn, lever="prefill_graphs")
+        self.seen: set[tuple[int, int]] = set()
+
+    def _padded(self, model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        if self.last_only:
+            counting.ran(self.runner, "last_logits")
+            return model.logits(model.hidden(tokens, start).index_select(1, self.last)[:, 0])  # (1, V)
+        return model(tokens, start).index_select(1, self.last)[:, 0]  # every row's logits, as stock computes
+
+    def __call__(self, model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        rows, cache = tokens.shape[1], model.cache
+        padded = -(-rows // PREFILL_BUCKET) * PREFILL_BUCKET
+        key = (self.graphed.window(cache, start + padded), padded)
+        if start + padded > cache.max_len or key not in self.seen:
+            self.seen.add(key)
+            return self.eager(model, tokens, start)
+        self.last.fill_(rows - 1)
+        logits = self.graphed(model, torch.cat([tokens, tokens[:, -1:].expand(1, padded - rows)], dim=1), start)
+        cache.trim(start + rows)  # the filler's slots are not the prompt's
+        return logits
+
+
+def prefill_graphs(runner: Runner, value: str | None = None, capture_fn: Capture = capture) -> None:
+    """dispatch: the prefill replayed from CUDA graphs, one per 64-row bucket of prompt lengths (static cache)."""
+    runner.cache_type = StaticKVCache
+    runner.cache_slack = max(runner.cache_slack, PREFILL_BUCKET - 1)  # room for the filler past any prompt
+    runner.prefill_step = GraphedPrefill(runner, capture_fn)
+
+
 class CompiledStep:
     """A step through torch.compile (Inductor fuses the elementwise ops and generates its own GEMVs).
 
     Positions are dynamic after the second step (ints are specialised once, then made symbolic), so one
     compilation serves the eager token loop; under `graphs` it is compiled once in the static layout.
     Compilation is lazy: a verify that never runs is never compiled. A prefill (`rows_dynamic`) marks the prompt
-    length dynamic, so the first prompt's compilation serves every length, and may break its graph (a lever's
-    own kernels, `fused_layer`'s on short prompts, run eagerly between the compiled pieces). `lever` is the
-    counter each call adds to."""
+    length dynamic, so the first prompt's compilation serves every length (the stock layers traced: `fused_layer`
+    steps aside while compiling). `lever` is the counter each call adds to."""
 
     def __init__(self, runner: Runner, step: StepFn, mode: str, lever: str | None = None,
                  rows_dynamic: bool = False) -> None:
@@ -121,7 +167,9 @@ class CompiledStep:
     def __call__(self, model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
         self.runner.counters[self.lever] += 1
         if self.rows_dynamic and tokens.shape[1] > 1:  # (a length of 1 would be specialised anyway)
-            torch._dynamo.mark_dynamic(tokens, 1)
+            # maybe_: a prompt that fills the cache exactly makes copy_'s aliasing check specialise the length
+            # (an H200 bench of pp512 failed on it under mark_dynamic); that one compilation is then per length
+            torch._dynamo.maybe_mark_dynamic(tokens, 1)
         counting.TRACING.append(self)  # a compilation happens inside this call
         try:
             logits = self.compiled(model, tokens, start)

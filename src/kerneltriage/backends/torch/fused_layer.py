@@ -87,7 +87,7 @@ class FusedForward:
         from kerneltriage.kernels.fused_layer import MAX_ROWS, Shape, layer
 
         self.runner, self.weights, self.stock = runner, weights, stock
-        self.layer = torch.compiler.disable(layer)  # a compiled prefill of a short prompt runs these eagerly
+        self.layer = layer
         attn = block.self_attn
         self.shape = Shape(attn.num_heads, attn.num_kv_heads, attn.head_dim)
         self.pdl = False
@@ -96,8 +96,12 @@ class FusedForward:
     def __call__(self, x: torch.Tensor, index: int, step: Step) -> torch.Tensor:
         batch, rows, _ = x.shape
         cache = step.cache
-        if batch != 1 or rows > self.max_rows or type(cache) not in (KVCache, StaticKVCache):
-            return self.stock(x, index, step)  # prompts, batches, tree verifies (their own positions and mask)
+        # Prompts, batches, tree verifies (their own positions and mask), and whatever torch.compile traces (a
+        # compiled prefill): the kernels would break its graph at every layer, and dynamo would then compile this
+        # frame per layer index until its recompile limit (on the H200 that made compile_prefill 0.67× of eager).
+        if (batch != 1 or rows > self.max_rows or type(cache) not in (KVCache, StaticKVCache)
+                or torch.compiler.is_compiling()):
+            return self.stock(x, index, step)
         counting.ran(self.runner, LEVER)
         if self.pdl:
             counting.ran(self.runner, "pdl")

@@ -100,6 +100,7 @@ APPLIERS: dict[str, Applier] = {
     "last_logits": last_logits,
     "compile": accelerate.compile_steps,
     "compile_prefill": accelerate.compile_prefill,
+    "prefill_graphs": accelerate.prefill_graphs,
     "graphs": lambda runner, value: accelerate.graphs(runner),
     "one_sync": one_sync,
 }
@@ -125,9 +126,9 @@ def apply_config(runner: Runner, config: RunConfig) -> Runner:
     speculation (it wraps whatever verify step the levers installed); the runner remembers the configuration."""
     for setting in config.levers:
         check_applies(runner, setting)
-    for setting in config.levers:
-        APPLIERS[setting.name](runner, setting.value)
     runner.run_config = RunConfig(runner.run_config.levers + config.levers, runner.run_config.speculation)
+    for setting in config.levers:  # an applier may ask which others are on (prefill_graphs: last_logits)
+        APPLIERS[setting.name](runner, setting.value)
     if config.speculation is not None:
         from kerneltriage.backends.torch.speculative import install_speculation
 

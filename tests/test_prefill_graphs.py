@@ -1,0 +1,88 @@
+"""prefill_graphs on the CPU: the padded, graphed prefill's bookkeeping (buckets, the real last row, the filler's
+cache slots, capture on a bucket's second sighting) through a stand-in graph whose replay re-runs the captured
+Python under the captured window, as a CUDA graph re-runs its kernels."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from conftest import tiny_runner
+from kerneltriage.backends.torch import accelerate
+from kerneltriage.engine.generation import generate_step
+from kerneltriage.engine.sampling import SamplingParams
+
+GREEDY = SamplingParams()
+
+
+def rerun_capture(runner):  # noqa: ANN001, ANN201 - a capture function for GraphedStep
+    def capture(fn, warmups: int):  # noqa: ANN001, ANN202
+        for _ in range(warmups):
+            fn()
+        window, output = runner.model.cache.window, fn()
+
+        class Graph:
+            def replay(self) -> None:
+                cache, counts = runner.model.cache, Counter(runner.counters)
+                cache.window = window
+                try:
+                    output.copy_(fn())
+                finally:
+                    cache.window = None
+                    runner.counters.clear()
+                    runner.counters.update(counts)  # a replay's Python does not run: GraphedStep counts it
+
+        return Graph(), output
+
+    return capture
+
+
+def _graphed(levers: str = ""):  # noqa: ANN202
+    runner = tiny_runner("llama", levers, max_context=512)
+    accelerate.prefill_graphs(runner, capture_fn=rerun_capture(runner))
+    return runner
+
+
+def _prompt(length: int, seed: int) -> list[int]:
+    return torch.randint(3, 300, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.mark.parametrize("levers", ["last_logits", ""])
+def test_graphed_prefills_keep_greedy_tokens_and_count_replays(levers: str) -> None:
+    plain, runner = tiny_runner("llama", max_context=512), _graphed(levers)
+    # longest first, so the cache is allocated once (a new cache is a new window: new graphs). Bucket 128 seen once
+    # (eager); bucket 64 seen (eager), seen again (captured), a third length in it (replayed)
+    prompts = [_prompt(70, 3), _prompt(50, 2), _prompt(10, 0), _prompt(30, 1)]
+    for prompt in prompts:
+        expected = list(generate_step(plain, prompt, GREEDY, 6))
+        assert len(set(expected)) > 2
+        assert list(generate_step(runner, prompt, GREEDY, 6)) == expected
+    assert runner.counters["prefill_graphs"] == 2
+    assert runner.counters["last_logits"] == (4 if levers else 0)
+    assert set(runner.prefill_step.graphed.graphs) == {(139, 64)}  # one graph: the whole cache, 64 rows
+
+
+def test_a_graphed_prefill_after_a_filled_cache_matches_stock() -> None:
+    """bench's pp512 at depth d: a prompt after d positions, its rows masked against the keys before them."""
+    plain, runner = tiny_runner("llama", max_context=512), _graphed("last_logits")
+    depth, prompt = _prompt(100, 4), _prompt(40, 5)
+    for r in (plain, runner):
+        r.reset_cache(len(depth) + len(prompt) + 8)
+        r.prefill(depth, 0)
+    expected = plain.prefill(prompt, len(depth))
+    for _ in range(3):  # eager, captured, replayed
+        torch.testing.assert_close(runner.prefill(prompt, len(depth)), expected, rtol=1e-5, atol=1e-5)
+        assert runner.model.cache.length == len(depth) + len(prompt)  # the filler's slots trimmed off
+    assert runner.counters["prefill_graphs"] == 2
+
+
+def test_padding_past_the_cache_runs_eagerly() -> None:
+    runner = _graphed()
+    prompt = _prompt(100, 6)
+    for _ in range(3):
+        runner.cache_slack = 0
+        runner.reset_cache(len(prompt))  # 100 slots: the 128-row bucket would write past them
+        runner.prefill(prompt, 0)
+    assert runner.counters["prefill_graphs"] == 0 and not runner.prefill_step.graphed.graphs
