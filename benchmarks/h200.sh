@@ -6,8 +6,8 @@
 #                                      triage (no default model needed)
 #   bash benchmarks/h200.sh default    the same for the default model (needs both model parts)
 #   bash benchmarks/h200.sh gpu-tests  tests/test_gpu.py
-#   bash benchmarks/h200.sh probe      fused_layer against the best set on the smollm2-135m preset (probe + bench),
-#                                      llama.cpp building beside it (llamacpp-build: ~5 min, from .llamasrc)
+#   bash benchmarks/h200.sh probe      the smoke tests, then the fused set beside the best stock set on the
+#                                      smollm2-135m preset, llama.cpp building beside them (~5 min, from .llamasrc)
 #   bash benchmarks/h200.sh llamacpp   the decode set beside llama.cpp and the compiled best set on the same GGUF
 #                                      at depths 0 and 2048 (needs the model; builds llama-bench first if not built)
 #   bash benchmarks/h200.sh kernels    kernel run of split_kv_attention and silu_gemv (IEEE float32; needs the model)
@@ -34,8 +34,8 @@ TABLE+="|levers=fused_norm|levers=sdpa_backend=flash|levers=sdpa_backend=efficie
 TABLE+="|levers=packed_qkv,packed_gate_up,last_logits,fused_norm,compile=default,graphs"
 TRIAGED="levers=graphs|levers=last_logits|levers=one_sync|levers=packed_qkv|levers=packed_gate_up"
 BEST=packed_qkv,packed_gate_up,last_logits,fused_norm,compile=default,graphs
-# issue 13's set: decode measured 2026-12-01 without compile_prefill (bench-default-h200-llamacpp.json)
-FUSED=packed_qkv,packed_gate_up,last_logits,fused_norm,fused_layer,compile_prefill,graphs,one_sync
+# issue 13's set (bench-default-h200-llamacpp-pdl.json without prefill_graphs: 2,059 / 1,637 tok/s decode)
+FUSED=packed_qkv,packed_gate_up,last_logits,fused_norm,fused_layer,pdl,graphs,prefill_graphs,one_sync
 MLX_BEST=quantized,packed_qkv,packed_gate_up,last_logits,compile=default,one_sync
 LLAMA_BENCH=/tmp/llama.cpp/build/bin/llama-bench
 table() {  # model, folder[, candidates]
@@ -61,23 +61,22 @@ case "${1:-}" in
     [ -x "$LLAMA_BENCH" ] || step 420 bash -c "cmake -S /tmp/llama.cpp -B /tmp/llama.cpp/build -DGGML_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
       > /tmp/llama-cmake.log && cmake --build /tmp/llama.cpp/build --target llama-bench -j 14 > /tmp/llama-build.log" ;;
-  probe)  # fused_layer against the best set on the preset (no model needed), llama.cpp building beside it
+  probe)  # the CUDA paths on tiny models (fused_layer, pdl, compile_prefill among them), then the set on the preset
+    # beside the best stock set (no default model needed for either), llama.cpp building beside them
     bash "$0" llamacpp-build & build=$!
-    step 240 python3 benchmarks/fused_layer_probe.py --out "$OUT/fused-layer-probe-h200.json"
-    step 240 python3 benchmarks/fused_layer_probe.py --model llama3-8b --depths 0 \
-      --out "$OUT/fused-layer-probe-llama3-8b-h200.json"  # issue 13: ≥ 85% of the copy roofline (~226 tok/s)
-    step 200 "${kt[@]}" bench --model smollm2-135m --levers "$FUSED" \
-      --peers "torch:${BEST//,/+}" -p 512 -n 128 -d 0,2048 -r 3 \
-      --output json --ledger "$L" > "$OUT/bench-smollm2-preset-h200-fused.json"
+    step 200 python3 -m pytest -q -x tests/test_gpu_smoke.py > "$OUT/gpu-smoke-h200.txt" 2>&1
+    step 200 "${kt[@]}" bench --model smollm2-135m --levers "$FUSED" --peers "torch:${BEST//,/+}" \
+      -p 512 -n 64 -d 0,2048 -r 3 --output json > "$OUT/bench-smollm2-preset-h200-fused.json"
     wait $build ;;
   llamacpp)  # issue 13's must: the decode set beside llama.cpp on the same GGUF; then ab of it against the best set
     bash "$0" llamacpp-build
-    step 240 "${kt[@]}" bench --levers "$FUSED" --peers llama.cpp --llama-bench "$LLAMA_BENCH" \
+    step 200 "${kt[@]}" bench --levers "$FUSED" --peers llama.cpp --llama-bench "$LLAMA_BENCH" \
       -p 512 -n 128 -d 0,2048 -r 5 --output json --ledger "$L" > "$OUT/bench-default-h200-llamacpp.json"
-    step 300 "${kt[@]}" ab --a "levers=$BEST" --b "levers=$FUSED" -p 512 -n 128 -r 8 --output json --ledger "$L" \
+    step 200 "${kt[@]}" ab --a "levers=$BEST" --b "levers=$FUSED" -p 512 -n 128 -r 8 --output json --ledger "$L" \
       > "$OUT/ab-default-h200-fused-layer.json"
-    step 200 "${kt[@]}" ab --a "levers=$FUSED" --b "levers=$FUSED,pdl" -p 0 -n 128 -r 8 --output json --ledger "$L" \
-      > "$OUT/ab-default-h200-pdl.json" ;;
+    # prefill_graphs alone (pdl alone: ab-default-h200-pdl.json, 2026-12-01)
+    step 150 "${kt[@]}" ab --a "levers=${FUSED/,prefill_graphs/}" --b "levers=$FUSED" -p 512 -n 128 -r 8 \
+      --output json --ledger "$L" > "$OUT/ab-default-h200-prefill-graphs.json" ;;
   kernels)  # issue 13's ledger: the two tl.dot candidates again, IEEE float32 now (2026-11-30 they were invalid: TF32)
     for k in split_kv_attention:SPLIT_KV silu_gemv:SILU_GEMV; do
       step 200 "${kt[@]}" kernel run --kernel "kerneltriage.kernels.$k" --ledger "$L" > "$OUT/kernel-${k%%:*}.txt" 2>&1
@@ -100,4 +99,4 @@ case "${1:-}" in
   *) echo "usage: bash benchmarks/h200.sh smoke|8b|8b-table|8b-triaged|8b-triage|default|default-table|default-triaged|default-triage|gpu-tests|probe|llamacpp-build|llamacpp|kernels|spec|mlx-tf32|mlx" >&2
      exit 2 ;;
 esac
-tar czf "$OUT/$1.tgz" -C "$OUT" $(cd "$OUT" && ls -d ab-* bench-* triage-* spec-* fused-* mlx-* kernel-* ledger-h200.db 2>/dev/null) 2>/dev/null
+tar czf "$OUT/$1.tgz" -C "$OUT" $(cd "$OUT" && ls -d ab-* bench-* triage-* spec-* fused-* mlx-* kernel-* gpu-* ledger-h200.db 2>/dev/null) 2>/dev/null
