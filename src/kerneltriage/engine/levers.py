@@ -124,7 +124,7 @@ TABLE: tuple[Lever, ...] = (
     Lever("graphs", "dispatch", "step", "decode step (and verify) replayed from CUDA graphs (static cache, one "
           "graph per attention window)", phases=("decode",), numerics="reorders", devices=("cuda",)),
     Lever("prefill_graphs", "dispatch", "step", "the prefill replayed from CUDA graphs: the prompt padded to a "
-          "multiple of 64 rows (one graph per bucket, captured the second time a bucket is seen), the real last "
+          "multiple of 64 rows (one graph per bucket, captured on first use), the real last "
           "row's logits kept", phases=("prefill",), numerics="reorders", devices=("cuda",)),
     # loop stage: the token loop around the steps
     Lever("one_sync", "dispatch", "loop", "one host readback per token; the next step is queued before it is read "

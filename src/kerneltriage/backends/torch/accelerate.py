@@ -112,15 +112,15 @@ class GraphedPrefill:
     """The prefill replayed from CUDA graphs: the prompt padded to a multiple of PREFILL_BUCKET rows with its last
     token repeated, and the logits of its real last row picked on the device. The filler is harmless: the causal
     mask hides it from the real rows, and its cache slots lie past the prompt, where the next steps write before
-    anything reads them. A (window, rows) bucket is captured the second time it is seen: a prompt length seen once
-    runs eagerly (capture costs about three eager prefills), as does one whose padding would pass the cache."""
+    anything reads them. A (window, rows) bucket is captured when first seen, as `graphs` captures a decode window
+    (about three eager prefills: a warm-up absorbs it; capturing on a second sighting put the capture in the first
+    timed sample on the H200); a prompt whose padding would pass the cache runs eagerly."""
 
     def __init__(self, runner: Runner, capture_fn: Capture = capture) -> None:
         self.runner, self.eager = runner, runner.prefill_step
         self.last_only = runner.run_config.has("last_logits")  # its deletion, kept: one row through lm_head
         self.last = torch.zeros(1, dtype=torch.long, device=runner.device)  # the real last row, set per call
         self.graphed = GraphedStep(runner, self._padded, GRAPH_WINDOW, capture_fn, lever="prefill_graphs")
-        self.seen: set[tuple[int, int]] = set()
 
     def _padded(self, model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
         if self.last_only:
@@ -131,9 +131,7 @@ class GraphedPrefill:
     def __call__(self, model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
         rows, cache = tokens.shape[1], model.cache
         padded = -(-rows // PREFILL_BUCKET) * PREFILL_BUCKET
-        key = (self.graphed.window(cache, start + padded), padded)
-        if start + padded > cache.max_len or key not in self.seen:
-            self.seen.add(key)
+        if start + padded > cache.max_len:
             return self.eager(model, tokens, start)
         self.last.fill_(rows - 1)
         logits = self.graphed(model, torch.cat([tokens, tokens[:, -1:].expand(1, padded - rows)], dim=1), start)
