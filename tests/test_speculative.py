@@ -137,6 +137,36 @@ class FixedDrafter:
         return Draft(self.tokens[:k])
 
 
+def test_plain_steps_run_pipelined_while_drafting_is_off() -> None:
+    """With drafting off (auto depth calibrates on plain steps first), step n+1 is queued before token n is read, as
+    one_sync runs them; a fixed depth with nothing drafted still reads each token before the next step (that token
+    may bring a draft)."""
+    text = list(range(20, 32))  # no repeated n-gram: nothing to draft at first
+    for depth, pipelined in (("auto", True), ("3", False)):
+        runner, _ = speculating("llama", "ngram", depth)
+        events, decode, read_later = [], runner.decode, runner.read_later
+
+        def logged_decode(token, position):  # noqa: ANN001, ANN202
+            events.append("decode")
+            return decode(token, position)
+
+        def logged_read(token):  # noqa: ANN001, ANN202
+            pending = read_later(token)
+
+            class Logged:
+                def result(self) -> int:
+                    events.append("read")
+                    return pending.result()
+
+            return Logged()
+
+        runner.decode, runner.read_later = logged_decode, logged_read
+        out = list(generate_step(runner, text, GREEDY, 12))
+        assert out == list(generate_step(tiny_runner("llama"), text, GREEDY, 12))
+        body = events[1:]  # after the prefill's token: the first steps are plain (calibration; no match yet)
+        assert body[:3] == (["decode", "decode", "read"] if pipelined else ["decode", "read", "decode"]), depth
+
+
 def test_rejected_drafts_are_trimmed_from_the_cache() -> None:
     runner = tiny_runner("llama")
     expected = list(plain("llama", 4))

@@ -4,11 +4,14 @@ Each step drafts k tokens, runs the target once over [last, d1..dk] (M = k+1 row
 filled cache), keeps the accepted prefix plus one token of the target's own (the sampler's exact acceptance),
 and trims the cache past the rest. A runner whose steps are captured at fixed shapes pads every verify to the
 deepest step's k+1 rows. The controller picks k before each step, 0 being a plain step; during plain steps a
-lookup drafter's proposals are scored against the emitted tokens (shadow acceptance) for the controller.
+lookup drafter's proposals are scored against the emitted tokens (shadow acceptance) for the controller. Plain
+steps run pipelined, as `one_sync` runs them: the next one is queued before a token is read, so the host's work on
+that token (the controller, shadow drafts) overlaps the device's next step.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Iterator
 
 from kerneltriage.core.errors import InputError
@@ -59,17 +62,48 @@ class SpeculativeDecoder:
         yield context[-1]
         try:
             while len(context) < start + count:
-                # a step emits at most k+1 tokens and writes positions up to len(context)-1+k: stay inside count,
-                # and a padded verify must fit in the cache (its slack) or the step is a plain one
-                k = min(self.controller.next_depth(), start + count - len(context) - 1)
-                if len(context) - 1 + max(rows - 1, k) >= runner.cache_capacity:
-                    k = 0
-                emitted = self.step(runner, context, k, sampler, rows)
+                k = self._depth(runner, context, start + count, rows)
+                emitted = self.step(runner, context, k, sampler, rows) if k else None
+                if emitted is None:  # drafting off, or nothing to draft: plain steps until there is
+                    yield from self._plain_run(runner, context, k, start + count, sampler)
+                    continue
                 context += emitted
                 self._follow(context, k, sampler)
                 yield from emitted
         finally:  # a stop string closes the loop early: what ran still counts
             self.total.merge(self.stats)
+
+    def _depth(self, runner: "Steps", context: list[int], end: int, rows: int) -> int:
+        """The next step's k: the controller's, no more than fit before `end`, 0 where a padded verify would pass
+        the cache (a step emits at most k+1 tokens and writes positions up to len(context)-1+k)."""
+        k = min(self.controller.next_depth(), end - len(context) - 1)
+        return 0 if len(context) - 1 + max(rows - 1, k) >= runner.cache_capacity else k
+
+    def _plain_run(self, runner: "Steps", context: list[int], k: int, end: int, sampler: "Sampler") -> Iterator[int]:
+        """Plain steps. While the controller keeps drafting off they run pipelined: step n+1 is queued (fed token n
+        on the device) before token n is read, and the host's work on token n (the controller, shadow drafts)
+        overlaps it; the step queued when the controller turns drafting back on is still read (the run's last
+        token). With drafting on and nothing drafted, one step: the next token may bring a draft. A step's cost is
+        the time between two tokens arriving: the device's step when the host keeps up. `k` is the depth the first
+        step was chosen at (> 0: drafting on, nothing drafted); the queued ones are chosen at 0."""
+        position = len(context) - 1  # where the token being fed goes
+        token = sampler(runner.decode(context[-1], position))
+        last = time.perf_counter()
+        while True:
+            pending = runner.read_later(token)
+            more = len(context) + 1 < end and self.controller.next_depth() == 0
+            if more:  # queue the next step before waiting for this token
+                token = sampler(runner.decode(token, position + 1))
+            context.append(pending.result())
+            now = time.perf_counter()
+            self.stats.record_plain(now - last)
+            self.controller.observe_plain(now - last)
+            last = now
+            yield context[-1]
+            self._follow(context, k, sampler)
+            position, k = position + 1, 0
+            if not more:
+                return
 
     def _follow(self, context: list[int], k: int, sampler: "Sampler") -> None:
         """After a plain step the controller chose (k = 0): score the pending shadow drafts against the emitted
@@ -84,15 +118,16 @@ class SpeculativeDecoder:
         if draft is not None:  # a tree is shadowed along its first path (shadows score one sequence)
             self.shadow.start(draft.tree.first_path() if draft.tree else list(draft.tokens))
 
-    def step(self, runner: "Steps", context: list[int], k: int, sampler: "Sampler", rows: int = 0) -> list[int]:
-        """Draft up to k tokens after `context`, verify them (or decode plainly); returns the tokens emitted."""
+    def step(self, runner: "Steps", context: list[int], k: int, sampler: "Sampler", rows: int = 0) -> list[int] | None:
+        """Draft up to k tokens after `context` and verify them; returns the tokens emitted, or None when there is
+        nothing to verify (no draft, or a tree past the cache's end): the caller decodes plainly."""
         position = len(context) - 1  # where the last emitted token goes
         began = runner.clock()
-        draft = self.drafter.draft(context, k, sampler) if k else None
-        if draft is not None and draft.tree is not None and position + draft.size < runner.cache_capacity:
+        draft = self.drafter.draft(context, k, sampler)
+        if draft is None or (draft.tree is not None and position + draft.size >= runner.cache_capacity):
+            return None
+        if draft.tree is not None:
             return self._tree_step(runner, context[-1], position, draft.tree, sampler, began)
-        if draft is None or draft.tree is not None:  # no draft, or a tree past the cache's end
-            return self._plain_step(runner, context[-1], position, sampler, began)
         drafted = runner.clock()
         emitted = sampler.accept(runner.verify(context[-1], draft.tokens, position, rows), draft)
         runner.counters[SPEC_COUNTER] += 1
@@ -114,11 +149,3 @@ class SpeculativeDecoder:
         self.stats.record_verify(tree.depth, len(path), drafted - began, verified - drafted)
         self.controller.observe_verify(tree.depth, len(path), drafted - began, verified - drafted)
         return emitted
-
-    def _plain_step(self, runner: "Steps", last: int, position: int, sampler: "Sampler", began: float) -> list[int]:
-        """The runner's own decode step (with its levers): M = 1, no draft."""
-        token = runner.read_later(sampler(runner.decode(last, position))).result()
-        seconds = runner.clock() - began
-        self.stats.record_plain(seconds)
-        self.controller.observe_plain(seconds)
-        return [token]
