@@ -12,6 +12,8 @@
 #                                      at depths 0 and 2048 (needs the model; builds llama-bench first if not built)
 #   bash benchmarks/h200.sh kernels    kernel run of split_kv_attention and silu_gemv (IEEE float32; needs the model)
 #   bash benchmarks/h200.sh spec       suffix speculation vs the fused set on the four prompt sets (needs the model)
+#   bash benchmarks/h200.sh distill    a 2-layer draft distilled from the default model, then ab of spec=draft:it on
+#                                      the four prompt sets (needs the model)
 #   bash benchmarks/h200.sh mlx-tf32   mlx-lm's float16 decode with MLX_ENABLE_TF32 1 and 0 (needs all four parts)
 #   bash benchmarks/h200.sh mlx        MLX's CUDA backend: bench beside torch's best set, mlx-lm and llama.cpp (when
 #                                      built), then triage on MLX (needs the model and MLX's CUDA build: all four parts)
@@ -87,6 +89,14 @@ case "${1:-}" in
         --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r 5 --output json --ledger "$L" \
         > "$OUT/spec-$set-h200-suffix-fused.json"
     done ;;
+  distill)  # issue 14's trained drafter: a 2-layer draft distilled on the H200, then ab of it on every prompt set
+    step 240 "${kt[@]}" distill --layers 2 --steps 600 --out /tmp/kt-draft --output json \
+      > "$OUT/distill-default-h200.json"
+    for set in copy_heavy repetitive summarize open_ended; do
+      step 120 "${kt[@]}" ab --a "levers=$FUSED" --b "levers=${FUSED%,one_sync};spec=draft:/tmp/kt-draft" \
+        --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r 5 --output json --ledger "$L" \
+        > "$OUT/spec-$set-h200-distilled-fused.json"
+    done ;;
   mlx-tf32)  # issue 15: did MLX_ENABLE_TF32=0 (set by our MLX backend) halve mlx-lm's float16 decode? one process each
     for v in 1 0; do step 120 env MLX_ENABLE_TF32=$v python3 benchmarks/mlx_tf32_probe.py >> "$OUT/mlx-tf32-probe-h200.jsonl"; done ;;
   mlx)  # MLX's CUDA backend beside torch's best set on the same GGUF (float16: quantized keeps the GGUF's fp16 scales)
@@ -96,7 +106,7 @@ case "${1:-}" in
       "${llama[@]}" -p 512 -n 128 -d 0,2048 -r 5 --output json --ledger "$L" > "$OUT/bench-default-h200-mlx.json"
     step 240 "${kt[@]}" triage --backend mlx --device cuda --dtype float16 --output json \
       --html "$OUT/triage-default-h200-mlx.html" --ledger "$L" > "$OUT/triage-default-h200-mlx.json" ;;
-  *) echo "usage: bash benchmarks/h200.sh smoke|8b|8b-table|8b-triaged|8b-triage|default|default-table|default-triaged|default-triage|gpu-tests|probe|llamacpp-build|llamacpp|kernels|spec|mlx-tf32|mlx" >&2
+  *) echo "usage: bash benchmarks/h200.sh smoke|8b|8b-table|8b-triaged|8b-triage|default|default-table|default-triaged|default-triage|gpu-tests|probe|llamacpp-build|llamacpp|kernels|spec|distill|mlx-tf32|mlx" >&2
      exit 2 ;;
 esac
-tar czf "$OUT/$1.tgz" -C "$OUT" $(cd "$OUT" && ls -d ab-* bench-* triage-* spec-* fused-* mlx-* kernel-* gpu-* ledger-h200.db 2>/dev/null) 2>/dev/null
+tar czf "$OUT/$1.tgz" -C "$OUT" $(cd "$OUT" && ls -d ab-* bench-* triage-* spec-* fused-* mlx-* kernel-* gpu-* distill-* ledger-h200.db 2>/dev/null) 2>/dev/null

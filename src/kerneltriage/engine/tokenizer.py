@@ -125,8 +125,13 @@ class Tokenizer:
         stream = DecodeStream(skip_special_tokens=skip_special)
         return lambda token_id: stream.step(self._backend, token_id) or ""
 
-    def _token_text(self, token_id: int | None) -> str:
+    def token_text(self, token_id: int | None) -> str:
+        """The text of one token id ("" for None)."""
         return "" if token_id is None else self._backend.id_to_token(token_id) or ""
+
+    def to_json(self) -> str:
+        """The tokenizer as a Hugging Face tokenizer.json (a distilled draft model's folder carries it)."""
+        return self._backend.to_str()
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """Render `messages` with the model's chat template, as transformers does."""
@@ -139,8 +144,8 @@ class Tokenizer:
             return _compile_template(self.chat_template).render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
-                bos_token=self._token_text(self.bos_token_id),
-                eos_token=self._token_text(eos),
+                bos_token=self.token_text(self.bos_token_id),
+                eos_token=self.token_text(eos),
             )
         except jinja2.TemplateError as exc:
             reason = " ".join(str(exc).split())  # the message must stay on one line
