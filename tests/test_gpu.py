@@ -23,7 +23,9 @@ LEVER_SETS = ["graphs", "compile=default,graphs", "one_sync", "graphs,one_sync",
               "fused_norm,compile=default,graphs", "flex_decode", "flex_decode,graphs",
               "packed_qkv,packed_gate_up,fused_norm,flex_decode,compile=default,graphs",
               "fused_layer,graphs", "fused_layer,pdl,graphs",
-              "packed_qkv,packed_gate_up,last_logits,fused_norm,fused_layer,compile_prefill,graphs,one_sync"]
+              "packed_qkv,packed_gate_up,last_logits,fused_norm,fused_layer,compile_prefill,graphs,one_sync",
+              "last_logits,graphs,prefill_graphs",
+              "packed_qkv,packed_gate_up,last_logits,fused_norm,fused_layer,pdl,graphs,prefill_graphs,one_sync"]
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,9 @@ def plain() -> list[int]:
 @pytest.mark.parametrize("levers", ["graphs", "fused_norm,graphs", "one_sync", "graphs,one_sync", "flex_decode",
                                     "packed_qkv,fused_norm,compile=default,graphs", "fused_layer,graphs",
                                     "fused_layer,pdl,graphs", "packed_qkv,packed_gate_up,last_logits,fused_norm,"
-                                    "fused_layer,compile_prefill,graphs,one_sync"])
+                                    "fused_layer,compile_prefill,graphs,one_sync", "last_logits,graphs,prefill_graphs",
+                                    "packed_qkv,packed_gate_up,last_logits,fused_norm,fused_layer,pdl,graphs,"
+                                    "prefill_graphs,one_sync"])
 def test_smoke_levers_keep_tokens_and_count_every_replay(plain: list[int], levers: str) -> None:
     runner, tokens = _run(levers)
     assert tokens == plain
@@ -41,7 +43,8 @@ def test_smoke_levers_keep_tokens_and_count_every_replay(plain: list[int], lever
         assert runner.counters["graphs"] == steps  # one count per replay, none for the capture
     # compile_prefill serves the one prefill; so do the packed projections and last_logits beside fused_layer (its
     # kernels read their own weights, and a decode step is one row anyway)
-    once = {"compile_prefill"} | ({"packed_qkv", "packed_gate_up", "last_logits"} if "fused_layer" in levers else set())
+    once = {"compile_prefill", "prefill_graphs"} | ({"packed_qkv", "packed_gate_up", "last_logits"}
+                                                    if "fused_layer" in levers else set())
     for setting in runner.run_config.lever_names:
         least = 0 if setting == "graphs" else 1 if setting in once else steps
         assert runner.counters[setting] >= least, (setting, dict(runner.counters))

@@ -113,7 +113,8 @@ def graphed_step(graphed: Breakdown | None, attributed: Mapping[str, float], str
 def _fusion_fix(structure: fusion.Structure) -> str:
     if structure.fused_layer_offered:
         return ("--levers fused_layer,graphs: every candidate above but add_norm, built as six Triton kernels per "
-                "layer (add pdl for programmatic dependent launch); judge it with `kerneltriage ab` against this set")
+                "layer (add pdl on compute capability 9.0+: programmatic dependent launch, 1.10× decode on an H200); "
+                "judge it with `kerneltriage ab` against this set")
     return ("fewer, larger kernels: fuse at the seams listed (`kerneltriage kernel`), the largest ceiling first; "
             "each ceiling is that candidate alone")
 

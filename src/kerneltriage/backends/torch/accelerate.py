@@ -5,6 +5,7 @@ graphed step undoes what capture counted and counts, at every replay, what the c
 
 from __future__ import annotations
 
+import functools
 import types
 from collections import Counter
 from dataclasses import dataclass
@@ -140,7 +141,11 @@ class GraphedPrefill:
 
 
 def prefill_graphs(runner: Runner, value: str | None = None, capture_fn: Capture = capture) -> None:
-    """dispatch: the prefill replayed from CUDA graphs, one per 64-row bucket of prompt lengths (static cache)."""
+    """dispatch: the prefill replayed from CUDA graphs, one per 64-row bucket of prompt lengths (static cache).
+    The buckets' graphs share one memory pool (they never replay at once): a long prompt's activations are held
+    once, not once per bucket seen."""
+    if capture_fn is capture:
+        capture_fn = functools.partial(capture, pool=torch.cuda.graph_pool_handle())
     runner.cache_type = StaticKVCache
     runner.cache_slack = max(runner.cache_slack, PREFILL_BUCKET - 1)  # room for the filler past any prompt
     runner.prefill_step = GraphedPrefill(runner, capture_fn)

@@ -9,8 +9,9 @@ from typing import Any, Callable
 import torch
 
 
-def capture(fn: Callable[[], Any], warmups: int) -> tuple[torch.cuda.CUDAGraph, Any]:
-    """(graph, what the captured run of `fn` returned)."""
+def capture(fn: Callable[[], Any], warmups: int, pool: Any = None) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """(graph, what the captured run of `fn` returned). Graphs captured into one `pool`
+    (`torch.cuda.graph_pool_handle()`) share their intermediate memory: only one of them may be replaying."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -18,6 +19,6 @@ def capture(fn: Callable[[], Any], warmups: int) -> tuple[torch.cuda.CUDAGraph, 
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool):
         output = fn()
     return graph, output
