@@ -79,10 +79,14 @@ case "${1:-}" in
     # prefill_graphs alone (pdl alone: ab-default-h200-pdl.json, 2026-12-01)
     step 150 "${kt[@]}" ab --a "levers=${FUSED/,prefill_graphs/}" --b "levers=$FUSED" -p 512 -n 128 -r 8 \
       --output json --ledger "$L" > "$OUT/ab-default-h200-prefill-graphs.json" ;;
-  kernels)  # issue 13's ledger: the two tl.dot candidates again, IEEE float32 now (2026-11-30 they were invalid: TF32)
+  kernels)  # issue 13's ledger: the two tl.dot candidates again, IEEE float32 now (2026-11-30 they were invalid: TF32),
+    # then the quantized GEMV (the default GGUF is Q4_1) against the same stock-weight set
     for k in split_kv_attention:SPLIT_KV silu_gemv:SILU_GEMV; do
       step 200 "${kt[@]}" kernel run --kernel "kerneltriage.kernels.$k" --ledger "$L" > "$OUT/kernel-${k%%:*}.txt" 2>&1
-    done ;;
+    done
+    step 150 "${kt[@]}" ab --a "levers=last_logits,fused_norm,graphs,one_sync" \
+      --b "levers=quantized,last_logits,fused_norm,graphs,one_sync" -p 512 -n 128 -r 8 --output json --ledger "$L" \
+      > "$OUT/ab-default-h200-quantized.json" ;;
   spec)  # issue 14: suffix speculation on the fused set, every prompt set (one_sync's loop is the decoder's under spec)
     for set in copy_heavy repetitive summarize open_ended; do
       step 140 "${kt[@]}" ab --a "levers=$FUSED" --b "levers=${FUSED%,one_sync};spec=suffix" \

@@ -80,9 +80,10 @@ TABLE: tuple[Lever, ...] = (
     # quantized before the packed levers, which then stack the blocks)
     # quantized: the same values as the dequantized stock weights (scale·q + bias rounds once, as llama.cpp's
     # dequantization does), summed in another order: it reorders, it does not approximate (backends/mlx/quant.py)
-    Lever("quantized", "delete", "model", "GGUF Q4_0/Q4_1/Q8_0 weights kept as their blocks (mx.quantized_matmul): "
-          "4.5-8.5 bits read per weight instead of the dequantized 16-32", numerics="reorders",
-          seams=("qkv", "o_proj", "gate_up", "down", "lm_head"), backends=("mlx",), devices=DEVICES),
+    Lever("quantized", "delete", "model", "GGUF Q4_0/Q4_1/Q8_0 weights kept as their blocks (MLX: "
+          "mx.quantized_matmul; torch: a Triton GEMV for ≤ 8 rows on CUDA, the layers' projections only): 4.5-8.5 "
+          "bits read per weight instead of the dequantized 16-32", numerics="reorders",
+          seams=("qkv", "o_proj", "gate_up", "down", "lm_head"), backends=BOTH, devices=DEVICES),
     Lever("packed_qkv", "dispatch", "model", "q, k and v from one matmul instead of three", numerics="reorders",
           seams=("qkv",), backends=BOTH, devices=DEVICES),
     Lever("packed_gate_up", "dispatch", "model", "gate and up from one matmul instead of two", numerics="reorders",

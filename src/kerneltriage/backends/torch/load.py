@@ -72,9 +72,15 @@ def stock_copy(model: Model) -> Model:
     source = dict(model.named_parameters(remove_duplicate=False))
     with torch.no_grad():
         for name, target in copy.named_parameters(remove_duplicate=False):
-            target.copy_(source[name])
+            target.copy_(source[name] if name in source else _stored_weight(model, name))
         copy.inv_freq.copy_(model.inv_freq)
     return copy.eval().requires_grad_(False)
+
+
+def _stored_weight(model: Model, name: str) -> torch.Tensor:
+    """A weight that is no parameter of `model`: a projection the `quantized` lever keeps as blocks (its
+    `stock_weight()`, the dequantized values)."""
+    return model.get_submodule(name.removesuffix(".weight")).stock_weight()
 
 
 def _skeleton(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> Model:

@@ -1,0 +1,107 @@
+"""GEMV over weights kept as GGUF Q4_0 / Q4_1 / Q8_0 blocks (the `quantized` lever on torch): for decode and verify
+rows (≤ 8) each program reads 4.5–8.5 bits per weight instead of the dequantized 16 and dequantizes in registers,
+float32 sums. Deletes work where decode is bandwidth-bound (an 8B model reads ~3.5× fewer weight bytes per token).
+
+The blocks are split at load into three arrays (structure of arrays, the bytes unchanged): `scales` (N, K/32) fp16,
+`mins` (N, K/32) fp16 (Q4_1's m; absent otherwise) and `quants` — Q4: (N, K/2) uint8, each block's 16 bytes holding
+its values 0..15 in the low nibbles and 16..31 in the high ones; Q8_0: (N, K) int8. A value is d·(q − 8) (Q4_0),
+d·q + m (Q4_1) or d·q (Q8_0), in float32 as llama.cpp's reference dequantization computes it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from kerneltriage.engine.checkpoint import RawTensor
+
+BLOCK = 32  # values per block
+GEMV_ROWS = 8  # decode and verify rows; prompts dequantize and take cuBLAS
+BN, BB = 8, 4  # output rows per program, blocks (of 32 values) per loop step
+KINDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
+_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+
+
+class QuantWeight(NamedTuple):
+    qtype: str
+    scales: torch.Tensor  # (N, K/32) float16
+    mins: torch.Tensor | None  # (N, K/32) float16, Q4_1 only
+    quants: torch.Tensor  # (N, K/2) uint8 for Q4_*, (N, K) int8 for Q8_0
+    shape: tuple[int, int]  # (N, K)
+
+
+def split_blocks(raw: RawTensor, device: torch.device | str) -> QuantWeight:
+    """A stored Q4_0/Q4_1/Q8_0 tensor (rows of blocks) as scales, mins and quants on `device`."""
+    if raw.qtype not in KINDS:
+        raise ValueError(f"tensor type {raw.qtype}: expected one of {', '.join(KINDS)}")
+    n, k = raw.shape
+    blocks = np.ascontiguousarray(raw.data).reshape(n, k // BLOCK, _BYTES[raw.qtype])
+    scales = torch.from_numpy(np.ascontiguousarray(blocks[:, :, 0:2]).view(np.float16).reshape(n, -1))
+    mins = torch.from_numpy(np.ascontiguousarray(blocks[:, :, 2:4]).view(np.float16).reshape(n, -1)) \
+        if raw.qtype == "Q4_1" else None
+    first = 4 if raw.qtype == "Q4_1" else 2
+    quants = np.ascontiguousarray(blocks[:, :, first:]).reshape(n, -1)
+    quants = torch.from_numpy(quants.view(np.int8) if raw.qtype == "Q8_0" else quants)
+    return QuantWeight(raw.qtype, scales.to(device), None if mins is None else mins.to(device), quants.to(device),
+                       (n, k))
+
+
+def dequantized(w: QuantWeight, dtype: torch.dtype) -> torch.Tensor:
+    """The weight's values (N, K) as `dtype` (prompts: dequantize, then a GEMM)."""
+    n, k = w.shape
+    d = w.scales.float().unsqueeze(-1)  # (N, K/32, 1)
+    if w.qtype == "Q8_0":
+        return (w.quants.view(n, -1, BLOCK).float() * d).reshape(n, k).to(dtype)
+    q = w.quants.view(n, -1, BLOCK // 2)
+    q = torch.cat([q & 0x0F, q >> 4], dim=-1).float()  # (N, K/32, 32): low nibbles are values 0..15
+    values = d * q + w.mins.float().unsqueeze(-1) if w.qtype == "Q4_1" else d * (q - 8)
+    return values.reshape(n, k).to(dtype)
+
+
+@triton.jit
+def _quant_gemv(x_ptr, scale_ptr, min_ptr, q_ptr, out_ptr, rows, n, nblocks, sx, so,
+                KIND: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr):
+    cols = tl.program_id(0) * BN + tl.arange(0, BN)  # output rows of W
+    n_ok = cols < n
+    v = tl.arange(0, BB * 32)  # values of BB consecutive blocks
+    block_of, within = v // 32, v % 32
+    acc = tl.zeros((ROWS, BN), tl.float32)
+    r = tl.arange(0, ROWS)
+    b0 = 0
+    while b0 < nblocks:
+        blocks = b0 + block_of  # (BB*32,)
+        ok = n_ok[:, None] & (blocks < nblocks)[None, :]
+        scale = tl.load(scale_ptr + cols[:, None] * nblocks + blocks[None, :], mask=ok, other=0.0).to(tl.float32)
+        if KIND == 2:
+            q = tl.load(q_ptr + cols[:, None] * (nblocks * 32) + (blocks * 32 + within)[None, :], mask=ok, other=0)
+            w = scale * q.to(tl.float32)
+        else:
+            byte = tl.load(q_ptr + cols[:, None] * (nblocks * 16) + (blocks * 16 + within % 16)[None, :], mask=ok,
+                           other=0)
+            q = ((byte >> ((within // 16) * 4)[None, :]) & 0x0F).to(tl.float32)
+            if KIND == 1:
+                w = scale * q + tl.load(min_ptr + cols[:, None] * nblocks + blocks[None, :], mask=ok,
+                                        other=0.0).to(tl.float32)
+            else:
+                w = scale * (q - 8.0)
+        k = blocks * 32 + within
+        x = tl.load(x_ptr + r[:, None] * sx + k[None, :], mask=(r < rows)[:, None] & (blocks < nblocks)[None, :],
+                    other=0.0).to(tl.float32)  # (ROWS, BB*32)
+        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)  # (ROWS, BN)
+        b0 += BB
+    tl.store(out_ptr + r[:, None] * so + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=(r < rows)[:, None] & n_ok[None, :])
+
+
+def quant_gemv(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+    """x (M, K), M ≤ GEMV_ROWS → x·Wᵀ (M, N) in x's dtype, W read as its blocks."""
+    rows, n = x.shape[0], w.shape[0]
+    out = torch.empty(rows, n, device=x.device, dtype=x.dtype)
+    mins = w.mins if w.mins is not None else w.scales  # an unread placeholder for Q4_0 / Q8_0
+    _quant_gemv[(triton.cdiv(n, BN),)](x, w.scales, mins, w.quants, out, rows, n, w.shape[1] // BLOCK, x.stride(0),
+                                       out.stride(0), KIND=KINDS[w.qtype], ROWS=GEMV_ROWS, BN=BN, BB=BB)
+    return out

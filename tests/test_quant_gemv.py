@@ -1,0 +1,94 @@
+"""The `quantized` lever on torch (kernels/quant_gemv.py, backends/torch/quantized.py): the GEMV over Q4_0 / Q4_1 /
+Q8_0 blocks equals the dequantized weights' product; a tiny model with quantized projections keeps the dequantized
+model's logits and greedy tokens, holds fewer weight bytes, and gives `ab` a stock float32 copy. On a machine without
+CUDA the kernel runs in Triton's interpreter (conftest)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_checkpoint
+from kerneltriage.backends.torch import levers
+from kerneltriage.backends.torch.backend import BACKEND
+from kerneltriage.backends.torch.dequant import dequantize
+from kerneltriage.backends.torch.load import stock_copy
+from kerneltriage.core.errors import InputError
+from kerneltriage.engine.checkpoint import Checkpoint, RawTensor
+from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.engine.generation import generate_step
+from kerneltriage.engine.sampling import SamplingParams
+
+pytest.importorskip("triton")
+gguf_quants = pytest.importorskip("gguf.quants")
+from gguf import GGMLQuantizationType  # noqa: E402 - after the skip
+
+from kerneltriage.kernels.quant_gemv import GEMV_ROWS, dequantized, quant_gemv, split_blocks  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+QTYPES = ("Q4_0", "Q4_1", "Q8_0")
+
+
+def _quantize(values: np.ndarray, qtype: str) -> RawTensor:
+    return RawTensor(qtype, values.shape, gguf_quants.quantize(values, getattr(GGMLQuantizationType, qtype)))
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_the_gemv_equals_the_dequantized_product(qtype: str) -> None:
+    raw = _quantize(np.random.default_rng(1).standard_normal((37, 224)).astype(np.float32), qtype)  # 37: a ragged tile
+    reference = dequantize(raw, DEVICE, torch.float32)
+    weight = split_blocks(raw, DEVICE)
+    assert torch.equal(dequantized(weight, torch.float32), reference)  # the split keeps every byte
+    for rows in (1, 3, GEMV_ROWS):
+        x = torch.randn(rows, 224, generator=torch.Generator().manual_seed(rows)).to(DEVICE)
+        torch.testing.assert_close(quant_gemv(x, weight), x @ reference.T, rtol=1e-5, atol=1e-4)
+
+
+def _quantized_checkpoint(qtype: str = "Q4_1") -> Checkpoint:
+    """A tiny llama whose layer projections are stored as `qtype` blocks (the rest float), as a GGUF's would be."""
+    checkpoint = tiny_checkpoint("llama", max_context=256)
+    tensors = dict(checkpoint.tensors)
+    for name, raw in checkpoint.tensors.items():
+        if name.startswith("layers.") and name.split(".")[-1] in ("q", "k", "v", "o", "gate", "up", "down"):
+            tensors[name] = _quantize(np.asarray(raw.data, dtype=np.float32), qtype)
+    return Checkpoint(checkpoint.config, tensors, checkpoint.tokenizer, source=f"tiny llama ({qtype})")
+
+
+def _runner(checkpoint: Checkpoint, levers_text: str = ""):  # noqa: ANN202
+    return BACKEND.build(checkpoint, RunConfig.from_flags(levers_text), DEVICE, "float32")
+
+
+def _quantized(runner):  # noqa: ANN001, ANN202 - the lever applied directly (on the CPU too: the interpreter)
+    levers.APPLIERS["quantized"](runner, None)
+    return runner
+
+
+def test_a_quantized_model_keeps_the_dequantized_models_tokens() -> None:
+    checkpoint = _quantized_checkpoint("Q4_1")  # the default GGUF's type (the kernel test covers the other two)
+    stock, quant = _runner(checkpoint), _quantized(_runner(checkpoint))
+    prompt = list(range(5, 21))
+    expected = list(generate_step(stock, prompt, SamplingParams(), 12))
+    assert len(set(expected)) > 3
+    assert list(generate_step(quant, prompt, SamplingParams(), 12)) == expected
+    # 2 layers × 7 projections per forward: the prompt (dequantized, 16 rows) and 11 decode steps (the GEMV)
+    assert quant.counters["quantized"] == 2 * 7 * 12
+    assert quant.held_bytes() < 0.8 * stock.held_bytes()  # the dequantized projections were dropped
+
+
+def test_a_stock_copy_of_a_quantized_model_has_the_dequantized_weights() -> None:
+    checkpoint = _quantized_checkpoint()
+    stock, quant = _runner(checkpoint), _quantized(_runner(checkpoint))
+    copy = stock_copy(quant.model)
+    for name, parameter in stock.model.named_parameters():
+        assert torch.equal(copy.get_parameter(name), parameter), name
+
+
+def test_refusals() -> None:
+    with pytest.raises(InputError, match="no Q4_0, Q4_1, Q8_0 projection weights"):
+        _quantized(_runner(tiny_checkpoint("llama")))  # float weights
+    with pytest.raises(InputError, match="packed_qkv"):
+        _quantized(_runner(_quantized_checkpoint(), "packed_qkv"))
+    runner = _quantized(_runner(_quantized_checkpoint()))
+    with pytest.raises(InputError, match="quantized"):
+        levers.APPLIERS["compile"](runner, "default")
