@@ -1,5 +1,5 @@
 """GEMV over weights kept as GGUF Q4_0 / Q4_1 / Q8_0 blocks (the `quantized` lever on torch): for decode and verify
-rows (≤ 8) each program reads 4.5–8.5 bits per weight instead of the dequantized 16 and dequantizes in registers,
+rows (≤ 16) each program reads 4.5–8.5 bits per weight instead of the dequantized 16 and dequantizes in registers,
 float32 sums. Deletes work where decode is bandwidth-bound (an 8B model reads ~3.5× fewer weight bytes per token).
 
 The blocks are split at load into three arrays (structure of arrays, the bytes unchanged): `scales` (N, K/32) fp16,
@@ -20,8 +20,9 @@ import triton.language as tl
 from kerneltriage.engine.checkpoint import RawTensor
 
 BLOCK = 32  # values per block
-GEMV_ROWS = 8  # decode and verify rows; prompts dequantize and take cuBLAS
-BN, BB = 8, 4  # output rows per program, blocks (of 32 values) per loop step
+GEMV_ROWS = 16  # decode and verify rows (a padded auto-depth verify is 9); prompts dequantize and take cuBLAS
+BN = 8  # output rows per program
+TILE = 1024  # rows × values multiplied per output row and loop step: blocks per step = TILE / 32 / padded rows
 KINDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
 _BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 
@@ -98,10 +99,12 @@ def _quant_gemv(x_ptr, scale_ptr, min_ptr, q_ptr, out_ptr, rows, n, nblocks, sx,
 
 
 def quant_gemv(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
-    """x (M, K), M ≤ GEMV_ROWS → x·Wᵀ (M, N) in x's dtype, W read as its blocks."""
+    """x (M, K), M ≤ GEMV_ROWS → x·Wᵀ (M, N) in x's dtype, W read as its blocks (M padded to a power of two)."""
     rows, n = x.shape[0], w.shape[0]
+    padded = triton.next_power_of_2(rows)  # one compilation per 1, 2, 4, 8, 16 rows
     out = torch.empty(rows, n, device=x.device, dtype=x.dtype)
     mins = w.mins if w.mins is not None else w.scales  # an unread placeholder for Q4_0 / Q8_0
     _quant_gemv[(triton.cdiv(n, BN),)](x, w.scales, mins, w.quants, out, rows, n, w.shape[1] // BLOCK, x.stride(0),
-                                       out.stride(0), KIND=KINDS[w.qtype], ROWS=GEMV_ROWS, BN=BN, BB=BB)
+                                       out.stride(0), KIND=KINDS[w.qtype], ROWS=padded, BN=BN,
+                                       BB=TILE // BLOCK // padded)
     return out

@@ -5,7 +5,6 @@ graphed step undoes what capture counted and counts, at every replay, what the c
 
 from __future__ import annotations
 
-import functools
 import types
 from collections import Counter
 from dataclasses import dataclass
@@ -41,14 +40,16 @@ class GraphedStep:
 
     `step` is the function captured: the stock one, or a compiled one (then one window: the whole cache,
     since every new window would be a new compilation). `capture` is injectable so that counting can be tested
-    without a GPU."""
+    without a GPU. `shared_pool`: the graphs share one memory pool (they never replay at once), a new one after they
+    are dropped (a pool whose graphs are all gone cannot be captured into again)."""
 
     def __init__(self, runner: Runner, step: StepFn, window_step: int | None, capture_fn: Capture = capture,
-                 lever: str = "graphs") -> None:
+                 lever: str = "graphs", shared_pool: bool = False) -> None:
         self.runner, self.step, self.window_step, self.capture = runner, step, window_step, capture_fn
-        self.lever = lever  # the counter each replay adds to
+        self.lever, self.shared_pool = lever, shared_pool  # the counter each replay adds to; one pool for all
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.cache: StaticKVCache | None = None
+        self.pool = None
 
     def window(self, cache: StaticKVCache, end: int) -> int:
         """The attention window (cache slots) of a step ending at position `end`."""
@@ -59,7 +60,7 @@ class GraphedStep:
         cache, rows = model.cache, tokens.shape[1]
         if cache is not self.cache:
             self.graphs.clear()
-            self.cache = cache
+            self.cache, self.pool = cache, None
         window = self.window(cache, start + rows)
         entry = self.graphs.get((window, rows)) or self._capture(model, cache, window, tokens, start)
         entry.tokens.copy_(tokens)
@@ -84,7 +85,11 @@ class GraphedStep:
         cache.window = window
         try:
             with _capturable_attention():
-                graph, logits = self.capture(counted, GRAPH_WARMUPS)
+                if self.shared_pool:
+                    self.pool = self.pool or torch.cuda.graph_pool_handle()
+                    graph, logits = self.capture(counted, GRAPH_WARMUPS, pool=self.pool)
+                else:
+                    graph, logits = self.capture(counted, GRAPH_WARMUPS)
         finally:
             cache.window = None
         counters.subtract(sum(calls, Counter()))  # capture is not execution: only replays count
@@ -121,7 +126,8 @@ class GraphedPrefill:
         self.runner, self.eager = runner, runner.prefill_step
         self.last_only = runner.run_config.has("last_logits")  # its deletion, kept: one row through lm_head
         self.last = torch.zeros(1, dtype=torch.long, device=runner.device)  # the real last row, set per call
-        self.graphed = GraphedStep(runner, self._padded, GRAPH_WINDOW, capture_fn, lever="prefill_graphs")
+        self.graphed = GraphedStep(runner, self._padded, GRAPH_WINDOW, capture_fn, lever="prefill_graphs",
+                                   shared_pool=capture_fn is capture)
 
     def _padded(self, model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
         if self.last_only:
@@ -144,8 +150,6 @@ def prefill_graphs(runner: Runner, value: str | None = None, capture_fn: Capture
     """dispatch: the prefill replayed from CUDA graphs, one per 64-row bucket of prompt lengths (static cache).
     The buckets' graphs share one memory pool (they never replay at once): a long prompt's activations are held
     once, not once per bucket seen."""
-    if capture_fn is capture:
-        capture_fn = functools.partial(capture, pool=torch.cuda.graph_pool_handle())
     runner.cache_type = StaticKVCache
     runner.cache_slack = max(runner.cache_slack, PREFILL_BUCKET - 1)  # room for the filler past any prompt
     runner.prefill_step = GraphedPrefill(runner, capture_fn)

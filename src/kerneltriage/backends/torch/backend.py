@@ -44,7 +44,7 @@ class TorchBackend:
     def float32_reference(self, runner: Runner, config: RunConfig | None = None) -> Runner:
         from kerneltriage.backends.torch.load import stock_copy
 
-        model = stock_copy(runner.model).float()  # bit-identical weights, then exact upcasts: only the arithmetic differs
+        model = stock_copy(runner.model, torch.float32)  # the same weights, upcast exactly: only the arithmetic differs
         reference = Runner(model, runner.checkpoint, runner.device, torch.float32)
         return reference if config is None else apply_config(reference, config)
 

@@ -64,23 +64,24 @@ def validate_before_allocating(checkpoint: Checkpoint, device: torch.device, dty
     check_fits(checkpoint.config, device, dtype)
 
 
-def stock_copy(model: Model) -> Model:
-    """A stock Model with a copy of `model`'s weights, made on its device: none of the levers applied to `model`
-    (packed projections, replaced norms, attention functions, a runner's graphs) come along."""
+def stock_copy(model: Model, dtype: torch.dtype | None = None) -> Model:
+    """A stock Model with a copy of `model`'s weights, made on its device (in `dtype`: exact upcasts; default, its
+    own): none of the levers applied to `model` (packed projections, replaced norms, attention functions, a runner's
+    graphs) come along."""
     weight = model.embed_tokens.weight
-    copy = _skeleton(model.config, weight.device, weight.dtype)
+    copy = _skeleton(model.config, weight.device, dtype or weight.dtype)
     source = dict(model.named_parameters(remove_duplicate=False))
     with torch.no_grad():
         for name, target in copy.named_parameters(remove_duplicate=False):
-            target.copy_(source[name] if name in source else _stored_weight(model, name))
+            target.copy_(source[name] if name in source else _stored_weight(model, name, target.dtype))
         copy.inv_freq.copy_(model.inv_freq)
     return copy.eval().requires_grad_(False)
 
 
-def _stored_weight(model: Model, name: str) -> torch.Tensor:
+def _stored_weight(model: Model, name: str, dtype: torch.dtype) -> torch.Tensor:
     """A weight that is no parameter of `model`: a projection the `quantized` lever keeps as blocks (its
-    `stock_weight()`, the dequantized values)."""
-    return model.get_submodule(name.removesuffix(".weight")).stock_weight()
+    dequantized values in `dtype`: in float32 exactly the values its GEMV sums)."""
+    return model.get_submodule(name.removesuffix(".weight")).stock_weight(dtype)
 
 
 def _skeleton(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> Model:

@@ -1,5 +1,5 @@
 """The `quantized` lever on torch: each layer projection stored in the GGUF as Q4_0, Q4_1 or Q8_0 keeps its blocks on
-the device (`kernels/quant_gemv.py`): decode and verify rows (≤ 8) through the quantized GEMV, prompts through the
+the device (`kernels/quant_gemv.py`): decode and verify rows (≤ 16) through the quantized GEMV, prompts through the
 weight dequantized for the call and a GEMM. The dequantized copies are dropped, so weight memory shrinks too.
 Other tensor types (F16, K-quants, …), the embedding and the output projection stay dequantized.
 
@@ -23,23 +23,33 @@ LEVER = "quantized"
 PROJECTIONS = {"q": ("self_attn", "q_proj"), "k": ("self_attn", "k_proj"), "v": ("self_attn", "v_proj"),
                "o": ("self_attn", "o_proj"), "gate": ("mlp", "gate_proj"), "up": ("mlp", "up_proj"),
                "down": ("mlp", "down_proj")}
-CONFLICTS = ("packed_qkv", "packed_gate_up", "fused_layer")  # they read the dequantized weights
+CONFLICTS = ("packed_qkv", "packed_gate_up", "fused_layer", "kernel")  # they read the dequantized weights
 
 
 class QuantLinear(nn.Module):
-    """A Linear whose weight is kept as GGUF blocks (`QuantWeight`); the bias, if any, stays a parameter."""
+    """A Linear whose weight is kept as GGUF blocks (buffers: the model's bytes count them); the bias, if any, stays
+    a parameter."""
 
     def __init__(self, runner: Runner, weight, bias: nn.Parameter | None) -> None:  # noqa: ANN001 - a QuantWeight
         super().__init__()
-        self.quant, self.bias, self.dtype = weight, bias, runner.torch_dtype
+        self.qtype, self.bias, self.dtype = weight.qtype, bias, runner.torch_dtype
         self.out_features, self.in_features = weight.shape
+        self.register_buffer("scales", weight.scales, persistent=False)
+        self.register_buffer("mins", weight.mins, persistent=False)
+        self.register_buffer("quants", weight.quants, persistent=False)
         self._count = lambda: counting.ran(runner, LEVER)  # a closure: the runner is not a submodule
 
-    def stock_weight(self) -> torch.Tensor:
-        """The dequantized weight (N, K), in the dtype the rest of the model runs in."""
+    @property
+    def quant(self):  # noqa: ANN201 - a QuantWeight
+        from kerneltriage.kernels.quant_gemv import QuantWeight
+
+        return QuantWeight(self.qtype, self.scales, self.mins, self.quants, (self.out_features, self.in_features))
+
+    def stock_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The dequantized weight (N, K) in `dtype` (default: the model's); float32 is exact, as the GEMV sums it."""
         from kerneltriage.kernels.quant_gemv import dequantized
 
-        return dequantized(self.quant, self.dtype)
+        return dequantized(self.quant, dtype or self.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from kerneltriage.kernels.quant_gemv import GEMV_ROWS, dequantized, quant_gemv
