@@ -223,13 +223,18 @@ def _combine(m_ptr, l_ptr, acc_ptr, out_ptr, so_t, splits, dim,
 
 
 @triton.jit
+def _tile(n, T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr):
+    """This program's BN output columns and the rows (padded to ROWS), each with its in-bounds mask."""
+    cols = tl.program_id(0) * BN + tl.arange(0, BN)
+    r = tl.arange(0, ROWS)
+    return cols, cols < n, r, r < T
+
+
+@triton.jit
 def _gate_up(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, eps, hidden, n, sx, sw, so,
              T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
     dt: tl.constexpr = out_ptr.dtype.element_ty
-    cols = tl.program_id(0) * BN + tl.arange(0, BN)
-    n_ok = cols < n
-    r = tl.arange(0, ROWS)
-    r_ok = r < T
+    cols, n_ok, r, r_ok = _tile(n, T, ROWS, BN)
     gate, up = _gemv2(x_ptr, sx, wg_ptr, wu_ptr, sw, cols, cols, n_ok, r, r_ok, hidden, eps, nw_ptr, dt, True, True,
                       BK >= hidden, ROWS, BN, BK, PDL)
     gate, up = _rnd(gate, dt), _rnd(up, dt)
@@ -241,10 +246,7 @@ def _gate_up(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, eps, hidden, n, sx, sw, so,
 def _gemv_residual(x_ptr, w_ptr, res_ptr, out_ptr, k, n, sx, sw, sr, so,
                    T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
     dt: tl.constexpr = out_ptr.dtype.element_ty
-    cols = tl.program_id(0) * BN + tl.arange(0, BN)
-    n_ok = cols < n
-    r = tl.arange(0, ROWS)
-    r_ok = r < T
+    cols, n_ok, r, r_ok = _tile(n, T, ROWS, BN)
     y, _ = _gemv2(x_ptr, sx, w_ptr, w_ptr, sw, cols, cols, n_ok, r, r_ok, k, 0.0, x_ptr, dt, False, False, BK >= k,
                   ROWS, BN, BK, PDL)
     both = r_ok[:, None] & n_ok[None, :]

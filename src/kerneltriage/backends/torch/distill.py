@@ -153,11 +153,11 @@ def distill(target: Runner, layers: int, steps: int, continuation: int, progress
     for parameter in trained:
         parameter.requires_grad_(True)
     optimizer = torch.optim.AdamW(trained, lr=LEARNING_RATE, weight_decay=0.0)
+    with torch.no_grad():  # the target's distributions, once per sequence (each is trained on steps/len times)
+        teachers = [F.log_softmax(_logits(target.model, tokens, target.device), dim=-1) for tokens in train]
     losses = []
     for step in range(steps):
-        tokens = train[step % len(train)]
-        with torch.no_grad():
-            teacher = F.log_softmax(_logits(target.model, tokens, target.device), dim=-1)
+        tokens, teacher = train[step % len(train)], teachers[step % len(train)]
         with torch.enable_grad():
             draft = F.log_softmax(_logits(student.model, tokens, student.device), dim=-1)
             loss = F.kl_div(draft, teacher, log_target=True, reduction="batchmean")  # KL(target ‖ draft) per position
