@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
 # This session's H200 records, one step per device call (each prints a line per sub-step with its exit status and
 # seconds; results land in $OUT, packed into $OUT/STEP.tgz as well since a call returns at most 8 files).
-#   bash benchmarks/h200.sh smoke      the CUDA code paths the CPU cannot run, on tiny shapes (~1 min)
-#   bash benchmarks/h200.sh 8b         the lever table of the llama3-8b preset under the one verdict rule, then its
-#                                      triage (no default model needed)
-#   bash benchmarks/h200.sh default    the same for the default model (needs both model parts)
-#   bash benchmarks/h200.sh gpu-tests  tests/test_gpu.py
-#   bash benchmarks/h200.sh probe      the smoke tests, then the fused set beside the best stock set on the
-#                                      smollm2-135m preset, llama.cpp building beside them (~5 min, from .llamasrc)
-#   bash benchmarks/h200.sh llamacpp   the decode set beside llama.cpp and the compiled best set on the same GGUF
-#                                      at depths 0 and 2048 (needs the model; builds llama-bench first if not built)
-#   bash benchmarks/h200.sh kernels    kernel run of split_kv_attention and silu_gemv (IEEE float32; needs the model)
-#   bash benchmarks/h200.sh spec       suffix speculation vs the fused set on the four prompt sets (needs the model)
-#   bash benchmarks/h200.sh distill    a 2-layer draft distilled from the default model, then ab of spec=draft:it on
-#                                      the four prompt sets (needs the model)
-#   bash benchmarks/h200.sh mlx-tf32   mlx-lm's float16 decode with MLX_ENABLE_TF32 1 and 0 (needs all four parts)
-#   bash benchmarks/h200.sh mlx        MLX's CUDA backend: bench beside torch's best set, mlx-lm and llama.cpp (when
-#                                      built), then triage on MLX (needs the model and MLX's CUDA build: all four parts)
+# Several steps may follow one another in one call: `bash benchmarks/h200.sh probe` then `llamacpp prefill-graphs`.
+#   smoke           the CUDA code paths the CPU cannot run, on tiny shapes (~1 min)
+#   8b              the lever table of the llama3-8b preset under the one verdict rule, then its triage (no default
+#                   model needed); default: the same for the default model (needs both model parts)
+#   gpu-tests       tests/test_gpu.py
+#   probe           llama.cpp building in the background (from .llamasrc, ~5 min), meanwhile the quantized GEMV,
+#                   prefill graphs and smoke tests on tiny models
+#   distill-train   a 2-layer draft distilled from the default model (training only: may share the host)
+#   llamacpp        the decode set beside llama.cpp on the same GGUF at depths 0, 2048, 4096 (waits for the build)
+#   prefill-graphs  ab of prefill_graphs alone on the default model
+#   spec-profile    where a speculative verify step's time goes (benchmarks/spec_profile.py), two prompt sets
+#   quantized       ab of the quantized GEMV on the default model
+#   kernels         kernel run of split_kv_attention and silu_gemv (IEEE float32; needs the model)
+#   spec            suffix speculation vs the fused set on the four prompt sets (needs the model)
+#   distill         ab of spec=draft:(the distilled draft) on the four prompt sets (trains it first if needed)
+#   mlx-tf32        mlx-lm's float16 decode with MLX_ENABLE_TF32 1 and 0 (needs all four parts)
+#   mlx             MLX's CUDA backend: bench beside torch's best set, mlx-lm and llama.cpp (when built), then triage
+#                   on MLX (needs the model and MLX's CUDA build: all four parts)
 # Set-up here first (git-excluded, never committed): the gguf wheel the device lacks,
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 -d .whl gguf==0.19.0
@@ -48,7 +50,8 @@ triage() {  # model, name
   step 560 "${kt[@]}" triage --model "$1" --output json --html "$OUT/triage-$2-h200.html" --ledger "$L" \
     > "$OUT/triage-$2-h200.json"
 }
-case "${1:-}" in
+run_step() {
+case "$1" in
   smoke) step 300 python3 -m pytest -q -x tests/test_gpu_smoke.py ;;
   8b) table llama3-8b ab-llama3-8b; triage llama3-8b llama3-8b ;;
   8b-table) table llama3-8b ab-llama3-8b ;;
@@ -60,42 +63,47 @@ case "${1:-}" in
   default-triage) triage default default ;;
   gpu-tests) step 560 python3 -m pytest -q tests/test_gpu.py ;;
   llamacpp-build)
+    echo $$ > /tmp/llama-build.pid
     [ -x "$LLAMA_BENCH" ] || step 420 bash -c "cmake -S /tmp/llama.cpp -B /tmp/llama.cpp/build -DGGML_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
       > /tmp/llama-cmake.log && cmake --build /tmp/llama.cpp/build --target llama-bench -j 14 > /tmp/llama-build.log" ;;
-  probe)  # the CUDA paths on tiny models (fused_layer, pdl, compile_prefill among them), then the set on the preset
-    # beside the best stock set (no default model needed for either), llama.cpp building beside them
-    bash "$0" llamacpp-build & build=$!
-    step 200 python3 -m pytest -q -x tests/test_gpu_smoke.py > "$OUT/gpu-smoke-h200.txt" 2>&1
-    step 200 "${kt[@]}" bench --model smollm2-135m --levers "$FUSED" --peers "torch:${BEST//,/+}" \
-      -p 512 -n 64 -d 0,2048 -r 3 --output json > "$OUT/bench-smollm2-preset-h200-fused.json"
-    wait $build ;;
-  llamacpp)  # issue 13's must: the decode set beside llama.cpp on the same GGUF; then ab of it against the best set
-    bash "$0" llamacpp-build
-    step 200 "${kt[@]}" bench --levers "$FUSED" --peers llama.cpp --llama-bench "$LLAMA_BENCH" \
-      -p 512 -n 128 -d 0,2048 -r 5 --output json --ledger "$L" > "$OUT/bench-default-h200-llamacpp.json"
-    step 200 "${kt[@]}" ab --a "levers=$BEST" --b "levers=$FUSED" -p 512 -n 128 -r 8 --output json --ledger "$L" \
-      > "$OUT/ab-default-h200-fused-layer.json"
-    # prefill_graphs alone (pdl alone: ab-default-h200-pdl.json, 2026-12-01)
+  probe)  # llama.cpp building in its own session (it outlives this call: `llamacpp` waits for it), meanwhile the
+    # CUDA paths on tiny models: quantized's GEMV, prefill graphs, the smoke tests (no default model needed)
+    NO_TAR=1 setsid bash "$0" llamacpp-build > /tmp/llama-build.out 2>&1 < /dev/null &
+    step 240 python3 -m pytest -q tests/test_quant_gemv.py tests/test_prefill_graphs.py tests/test_gpu_smoke.py \
+      > "$OUT/gpu-smoke-h200.txt" 2>&1 ;;
+  wait-build)  # until the background build of `probe` has written llama-bench (or has stopped)
+    step 420 bash -c "while [ ! -x $LLAMA_BENCH ] && kill -0 \$(cat /tmp/llama-build.pid) 2> /dev/null; do sleep 5; done" ;;
+  distill-train)  # the drafter's training: no timing in it, so it may share the host with the build
+    step 300 "${kt[@]}" distill --layers 2 --steps 600 --out /tmp/kt-draft --output json \
+      > "$OUT/distill-default-h200.json" ;;
+  llamacpp)  # issue 13's must: the decode set beside llama.cpp on the same GGUF at depths 0, 2048 and 4096
+    run_step wait-build; run_step llamacpp-build
+    step 260 "${kt[@]}" bench --levers "$FUSED" --peers llama.cpp --llama-bench "$LLAMA_BENCH" \
+      -p 512 -n 128 -d 0,2048,4096 -r 5 --output json --ledger "$L" > "$OUT/bench-default-h200-llamacpp.json" ;;
+  prefill-graphs)  # prefill_graphs alone on the real model (pdl alone: ab-default-h200-pdl.json, 2026-12-01)
     step 150 "${kt[@]}" ab --a "levers=${FUSED/,prefill_graphs/}" --b "levers=$FUSED" -p 512 -n 128 -r 8 \
       --output json --ledger "$L" > "$OUT/ab-default-h200-prefill-graphs.json" ;;
-  kernels)  # issue 13's ledger: the two tl.dot candidates again, IEEE float32 now (2026-11-30 they were invalid: TF32),
-    # then the quantized GEMV (the default GGUF is Q4_1) against the same stock-weight set
-    for k in split_kv_attention:SPLIT_KV silu_gemv:SILU_GEMV; do
-      step 200 "${kt[@]}" kernel run --kernel "kerneltriage.kernels.$k" --ledger "$L" > "$OUT/kernel-${k%%:*}.txt" 2>&1
-    done
+  spec-profile)  # where a verify step's time goes: the decoder's calls on the host, the verify's kernels
+    for set in repetitive open_ended; do
+      step 120 python3 benchmarks/spec_profile.py --set $set --out "$OUT/spec-profile-$set-h200.json" > /dev/null
+    done ;;
+  quantized)  # the quantized GEMV (the default GGUF is Q4_1) against the same stock-weight set
     step 150 "${kt[@]}" ab --a "levers=last_logits,fused_norm,graphs,one_sync" \
       --b "levers=quantized,last_logits,fused_norm,graphs,one_sync" -p 512 -n 128 -r 8 --output json --ledger "$L" \
       > "$OUT/ab-default-h200-quantized.json" ;;
+  kernels)  # issue 13's ledger: the two tl.dot candidates again, IEEE float32 now (2026-11-30 they were invalid: TF32)
+    for k in split_kv_attention:SPLIT_KV silu_gemv:SILU_GEMV; do
+      step 200 "${kt[@]}" kernel run --kernel "kerneltriage.kernels.$k" --ledger "$L" > "$OUT/kernel-${k%%:*}.txt" 2>&1
+    done ;;
   spec)  # issue 14: suffix speculation on the fused set, every prompt set (one_sync's loop is the decoder's under spec)
     for set in copy_heavy repetitive summarize open_ended; do
       step 140 "${kt[@]}" ab --a "levers=$FUSED" --b "levers=${FUSED%,one_sync};spec=suffix" \
         --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r 5 --output json --ledger "$L" \
         > "$OUT/spec-$set-h200-suffix-fused.json"
     done ;;
-  distill)  # issue 14's trained drafter: a 2-layer draft distilled on the H200, then ab of it on every prompt set
-    step 240 "${kt[@]}" distill --layers 2 --steps 600 --out /tmp/kt-draft --output json \
-      > "$OUT/distill-default-h200.json"
+  distill)  # issue 14's trained drafter (distill-train first), ab of spec=draft:it on every prompt set
+    [ -d /tmp/kt-draft ] || run_step distill-train
     for set in copy_heavy repetitive summarize open_ended; do
       step 120 "${kt[@]}" ab --a "levers=$FUSED" --b "levers=${FUSED%,one_sync};spec=draft:/tmp/kt-draft" \
         --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r 5 --output json --ledger "$L" \
@@ -110,7 +118,10 @@ case "${1:-}" in
       "${llama[@]}" -p 512 -n 128 -d 0,2048 -r 5 --output json --ledger "$L" > "$OUT/bench-default-h200-mlx.json"
     step 240 "${kt[@]}" triage --backend mlx --device cuda --dtype float16 --output json \
       --html "$OUT/triage-default-h200-mlx.html" --ledger "$L" > "$OUT/triage-default-h200-mlx.json" ;;
-  *) echo "usage: bash benchmarks/h200.sh smoke|8b|8b-table|8b-triaged|8b-triage|default|default-table|default-triaged|default-triage|gpu-tests|probe|llamacpp-build|llamacpp|kernels|spec|distill|mlx-tf32|mlx" >&2
+  *) echo "usage: bash benchmarks/h200.sh STEP... (steps: smoke 8b 8b-table 8b-triaged 8b-triage default default-table default-triaged default-triage gpu-tests probe wait-build distill-train llamacpp-build llamacpp prefill-graphs spec-profile quantized kernels spec distill mlx-tf32 mlx)" >&2
      exit 2 ;;
 esac
-tar czf "$OUT/$1.tgz" -C "$OUT" $(cd "$OUT" && ls -d ab-* bench-* triage-* spec-* fused-* mlx-* kernel-* gpu-* distill-* ledger-h200.db 2>/dev/null) 2>/dev/null
+}
+[ $# -gt 0 ] || run_step usage
+for name in "$@"; do run_step "$name"; done
+[ -n "${NO_TAR:-}" ] || tar czf "$OUT/$(IFS=-; echo "$*").tgz" -C "$OUT" $(cd "$OUT" && ls -d ab-* bench-* triage-* spec-* fused-* mlx-* kernel-* gpu-* distill-* ledger-h200.db 2>/dev/null) 2>/dev/null

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 Generator = torch.Generator | None
@@ -13,15 +15,20 @@ def sample_probs(probs: torch.Tensor, generator: Generator) -> torch.Tensor:
     return (probs / noise).argmax(dim=-1)
 
 
-def greedy_accept(logits: torch.Tensor, drafts: torch.Tensor) -> list[int]:
+def greedy_accept(logits: torch.Tensor, drafts: Sequence[int] | torch.Tensor) -> list[int]:
     """Exact greedy: keep drafts while they equal the target's argmax, then emit the target's own argmax.
 
     logits (k+1, V): row i is the target's prediction after [last, d1..di]. The kept drafts equal the
-    argmaxes, so the emitted tokens are argmax rows 0..n: token for token what plain greedy decode emits."""
+    argmaxes, so the emitted tokens are argmax rows 0..n: token for token what plain greedy decode emits.
+    One host sync and one kernel: the comparison is the host's (drafts on the device come back with the argmaxes)."""
     best = logits.argmax(dim=-1)  # (k+1,)
-    kept = (best[:-1] == drafts).int().cumprod(0).sum()  # length of the agreeing prefix
-    packed = torch.cat([kept.view(1), best]).tolist()  # one host sync
-    return packed[1:packed[0] + 2]
+    if isinstance(drafts, torch.Tensor):
+        both = torch.cat([best, drafts.view(-1)]).tolist()  # one host sync
+        best, drafts = both[:len(logits)], both[len(logits):]
+    else:
+        best = best.tolist()  # one host sync
+    kept = next((i for i, (b, d) in enumerate(zip(best, drafts)) if b != d), len(drafts))
+    return best[:kept + 1]
 
 
 def rejection_accept(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,

@@ -156,11 +156,15 @@ class Runner:
 
     @torch.inference_mode()
     def verify(self, last: int, drafts: Sequence[int] | torch.Tensor, start: int, rows: int) -> torch.Tensor:
-        drafts = torch.as_tensor(drafts, dtype=torch.long, device=self.device)
-        tokens = torch.cat([torch.tensor([last], device=self.device), drafts])  # (k+1,)
-        # padded to `rows` with the last token repeated: the causal mask hides filler rows from the real ones
-        padded = torch.cat([tokens, tokens[-1:].expand(max(rows - len(tokens), 0))]).view(1, -1)
-        return self.verify_step(self.model, padded, start)[: len(tokens)]
+        """Logits (k+1, V) of [last, drafts…] at start…, padded to `rows` with the last token repeated: the causal
+        mask hides filler rows from the real ones. Drafts on the host go over in one copy, with `last`."""
+        count = len(drafts) + 1
+        if isinstance(drafts, torch.Tensor):
+            tokens = torch.cat([torch.tensor([last], device=self.device), drafts.view(-1)])
+            padded = torch.cat([tokens, tokens[-1:].expand(max(rows - count, 0))]).view(1, -1)
+        else:
+            padded = self.tensor([last, *drafts] + [drafts[-1] if drafts else last] * max(rows - count, 0))
+        return self.verify_step(self.model, padded, start)[:count]
 
     @torch.inference_mode()
     def verify_tree(self, last: int, tree: TokenTree, start: int) -> torch.Tensor:

@@ -1,0 +1,167 @@
+"""Where a speculative decode's time goes on this device: the decoder's calls timed on the host during real runs
+over a prompt set, then the verify forward and a plain step timed alone at a fixed position.
+
+Usage: python benchmarks/spec_profile.py [--model default] [--config "levers=...;spec=suffix"]
+           [--set repetitive] [--per-set 4] [-n 64] [--out FILE.json]
+Per call (host seconds, perf_counter, no extra syncs): the drafter's `draft`, `runner.verify` (queueing the
+forward), the sampler's `accept` (it reads the result: the wait for the device lands here), `trim_cache`, the
+decoder's synced `clock` reads, plain `decode` calls, and graph captures during the timed runs (should be 0).
+Alone, at one position (--iters each): a plain step and a padded verify queued back to back (device-bound: the
+device's time per call), and verify + accept + trim one after another (what one verify step costs the loop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from kerneltriage.bench.harness import prompts_sample
+from kerneltriage.bench.workloads import load_prompt_set
+from kerneltriage.core.environment import capture_environment
+from kerneltriage.engine.backend import get_backend
+from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.engine.sampling import SamplingParams
+from kerneltriage.engine.speculative.draft import Draft
+from kerneltriage.engine.sources import load_checkpoint
+
+PROMPTS = Path(__file__).parent / "prompts"
+FUSED = "packed_qkv,packed_gate_up,last_logits,fused_norm,fused_layer,pdl,graphs"
+
+
+class Timed:
+    """Host seconds per named call, collected while `on`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, list[float]] = defaultdict(list)
+        self.on = False
+
+    def wrap(self, owner: object, name: str, label: str | None = None) -> None:
+        inner = getattr(owner, name)
+
+        def timed(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            began = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                if self.on:
+                    self.seconds[label or name].append(time.perf_counter() - began)
+
+        setattr(owner, name, timed)
+
+    def report(self) -> dict[str, dict[str, float]]:
+        return {name: {"calls": len(s), "mean_us": 1e6 * statistics.fmean(s), "median_us": 1e6 * statistics.median(s),
+                       "total_ms": 1e3 * sum(s)} for name, s in self.seconds.items() if s}
+
+
+def alone(runner, iters: int, position: int, rows: int) -> dict[str, float]:  # noqa: ANN001 - a torch Runner
+    """µs per call of a plain step and a verify queued back to back, and of verify + accept + trim in turn."""
+    import torch
+
+    token, drafts = 1, list(range(2, 2 + rows - 1))
+    sampler = runner.sampler(SamplingParams(), [0] * position)
+
+    def queued(call) -> float:  # noqa: ANN001
+        call()
+        runner.synchronize()
+        began = time.perf_counter()
+        for _ in range(iters):
+            call()
+        runner.synchronize()
+        return 1e6 * (time.perf_counter() - began) / iters
+
+    def step() -> None:
+        sampler.accept(runner.verify(token, drafts, position, rows), Draft(drafts))
+        runner.trim_cache(position + 1)
+
+    with torch.inference_mode():
+        result = {"plain_queued_us": queued(lambda: runner.decode(token, position)),
+                  "verify_queued_us": queued(lambda: runner.verify(token, drafts, position, rows)),
+                  "verify_step_serial_us": queued(step), "rows": rows}
+        if runner.device_type == "cuda":  # the device's kernels per call, graph replays included
+            result["kernels_plain"] = kernels(runner, lambda: runner.decode(token, position))
+            result["kernels_verify"] = kernels(runner, lambda: runner.verify(token, drafts, position, rows))
+    return result
+
+
+def kernels(runner, call, calls: int = 20, top: int = 12) -> list[dict]:  # noqa: ANN001
+    """The top device kernels of `calls` calls (µs per call, launches per call), from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        runner.synchronize()
+    rows = [{"kernel": e.key[:90], "us_per_call": getattr(e, "device_time_total", 0.0) / calls,
+             "launches_per_call": e.count / calls} for e in prof.key_averages()]
+    rows.sort(key=lambda row: -row["us_per_call"])
+    return [{"total_us_per_call": sum(row["us_per_call"] for row in rows),
+             "launches_per_call": sum(row["launches_per_call"] for row in rows)}] + rows[:top]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--config", default=f"levers={FUSED};spec=suffix")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--set", default="repetitive")
+    parser.add_argument("--per-set", type=int, default=4)
+    parser.add_argument("-n", type=int, default=64)
+    parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument("--out", default="spec-profile.json")
+    args = parser.parse_args()
+    backend = get_backend()
+    device = backend.resolve_device("auto")
+    dtype = backend.resolve_dtype(args.dtype, device)
+    checkpoint = load_checkpoint(args.model)
+    prompts = load_prompt_set(PROMPTS / f"{args.set}.jsonl", checkpoint.tokenizer).prompts[: args.per_set]
+    runner = backend.build(checkpoint, RunConfig.parse(args.config, "--config"), device, dtype)
+    decoder, timed = runner.speculation, Timed()
+    for name in ("verify", "trim_cache", "clock", "decode"):
+        timed.wrap(runner, name)
+    timed.wrap(decoder.drafter, "draft")
+    make_sampler = runner.sampler
+
+    def sampler(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        made = make_sampler(*args, **kwargs)
+        timed.wrap(made, "accept")
+        return made
+
+    runner.sampler = sampler
+    captures = defaultdict(int)
+    for step_name in ("decode_step", "verify_step", "prefill_step"):
+        graphed = getattr(runner, step_name)
+        if hasattr(graphed, "_capture"):
+            inner = graphed._capture
+
+            def counted(*a, _inner=inner, _name=step_name):  # noqa: ANN002, ANN202
+                captures[_name] += timed.on
+                return _inner(*a)
+
+            graphed._capture = counted
+    runner.reset_cache(max(map(len, prompts)) + args.n + 1)
+    prompts_sample(runner, prompts, args.n)  # untimed: captures every window and row count
+    decoder.reset_total()
+    timed.on = True
+    sample = prompts_sample(runner, prompts, args.n)
+    timed.on = False
+    stats = decoder.total
+    result = {"benchmark": "spec-profile", "model": checkpoint.source, "config": args.config, "set": args.set,
+              "prompts": len(prompts), "new_tokens": args.n, "dtype": dtype,
+              "decode_tok_s": args.n * len(prompts) / sample.timed, "decode_s": sample.timed,
+              "calls": timed.report(), "captures_during_timed_run": dict(captures), "spec": stats.brief(),
+              "verify_ms_mean": 1e3 * statistics.fmean(stats.verify_seconds) if stats.verify_seconds else None,
+              "plain_ms_mean": 1e3 * statistics.fmean(stats.plain_seconds) if stats.plain_seconds else None,
+              "draft_ms_mean": 1e3 * statistics.fmean(stats.draft_seconds) if stats.draft_seconds else None}
+    rows = decoder.rows(runner) or decoder.controller.deepest + 1
+    result["alone"] = alone(runner, args.iters, max(map(len, prompts)), rows)
+    result["environment"] = capture_environment()
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k != "environment"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
