@@ -25,7 +25,7 @@ def trained(default_checkpoint, tmp_path_factory):  # noqa: ANN001, ANN201
     prompts, held_out = distill.PROMPTS, distill.HELD_OUT
     distill.PROMPTS, distill.HELD_OUT = prompts[:5] + prompts[-2:], 2  # 5 to train on, 2 held out: seconds, not minutes
     try:
-        student, report = distill.distill(target, layers=2, steps=24, continuation=12)
+        student, report = distill.distill(target, layers=2, steps=40, continuation=24)
     finally:
         distill.PROMPTS, distill.HELD_OUT = prompts, held_out
     folder = tmp_path_factory.mktemp("draft")
@@ -36,8 +36,9 @@ def trained(default_checkpoint, tmp_path_factory):  # noqa: ANN001, ANN201
 def test_the_draft_learns_the_target(trained) -> None:  # noqa: ANN001
     _, _, report, _ = trained
     assert report.sequences == 5 and report.layers == 2
-    assert report.kl_last < 0.6 * report.kl_first, report  # 24 steps: ~19 → ~6 nats per position on this model
-    assert report.agreement_after > report.agreement_before + 0.1, report
+    assert report.kl_last < 0.3 * report.kl_first, report  # 40 steps: ~17 → ~2 nats per answer position here
+    # over the held-out answers only (48 positions; not the prompts' template text): 4% → 10% here
+    assert report.agreement_after > report.agreement_before + 0.04, report
 
 
 def test_the_folder_loads_as_a_draft_model_of_the_same_vocabulary(trained) -> None:  # noqa: ANN001

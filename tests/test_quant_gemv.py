@@ -17,6 +17,7 @@ from kerneltriage.backends.torch.load import stock_copy
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.checkpoint import Checkpoint, RawTensor
 from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.bench import equivalence
 from kerneltriage.engine.generation import generate_step
 from kerneltriage.engine.sampling import SamplingParams
 
@@ -97,3 +98,17 @@ def test_refusals() -> None:
     runner = _quantized(_runner(_quantized_checkpoint()))
     with pytest.raises(InputError, match="quantized"):
         levers.APPLIERS["compile"](runner, "default")
+
+
+def test_abs_float32_check_compares_the_lever_with_stock_on_its_own_exact_weights() -> None:
+    """ab's "B's levers in float32" check: quantized in float32 against stock float32 on the same (exact block)
+    values. Against A's reference — a bf16 model's weights, upcast — it was charged the bf16 rounding of every
+    weight (3.7e-3 on the H200's default model, ab-default-h200-quantized.json: invalid)."""
+    checkpoint = _quantized_checkpoint()
+    a = BACKEND.build(checkpoint, RunConfig(), DEVICE, "bfloat16")
+    b = BACKEND.build(checkpoint, RunConfig.from_flags("quantized"), DEVICE, "bfloat16")
+    prompts = [list(range(5, 21))]
+    fed = [list(generate_step(a, prompts[0], SamplingParams(), 8))[:7]]
+    judged = equivalence.judge_logits(BACKEND, a, b, prompts, 8, True, fed)
+    assert judged["semantic_error"] < equivalence.LOGIT_RTOL, judged
+    assert judged["error_a"] > 10 * equivalence.LOGIT_RTOL  # bf16: what the old check charged to the lever

@@ -32,6 +32,7 @@ import numpy as np
 from kerneltriage.bench.harness import GREEDY
 from kerneltriage.bench.workloads import WORKLOAD_SEED, token_stream
 from kerneltriage.engine.backend import Backend, Runner
+from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.generation import generate_step
 from kerneltriage.engine.quality import Quality
 
@@ -166,14 +167,23 @@ def judge_logits(backend: Backend, a: Runner, b: Runner, prompts: Sequence[Seque
     finally:
         backend.release(reference)
     error_a, error_b = (relative_error(forced_rows(r, prompts, count, fed)[0], ref) for r in (a, b))
-    rebuilt = backend.float32_reference(b, b.run_config)
-    try:
-        semantic = relative_error(forced_rows(rebuilt, prompts, count, fed)[0], ref)
-    finally:
-        backend.release(rebuilt)
+    # B's levers in float32 against stock float32 on B's own weights: where B holds other values than A (quantized
+    # keeps the exact block values, A their bf16 roundings), A's reference would charge that rounding to the lever
+    semantic = relative_error(*(_float32_rows(backend, b, config, prompts, count, fed)
+                                for config in (b.run_config, None)))
     tolerance = max(REFERENCE_FACTOR * error_a, LOGIT_FLOOR) if allow else None
     return {"logit_error": error_b, "tolerance": tolerance, "reference": "float32", "error_a": error_a,
             "semantic_error": semantic}
+
+
+def _float32_rows(backend: Backend, runner: Runner, config: RunConfig | None, prompts: Sequence[Sequence[int]],
+                  count: int, fed: Sequence[Sequence[int]]) -> np.ndarray:
+    """Forced logits of `runner`'s weights in float32 with `config`'s levers (None: stock), the model released after."""
+    rebuilt = backend.float32_reference(runner, config)
+    try:
+        return forced_rows(rebuilt, prompts, count, fed)[0]
+    finally:
+        backend.release(rebuilt)
 
 
 def seam_checks(backend: Backend, b: Runner) -> dict[str, tuple[float, float, float]]:

@@ -32,7 +32,7 @@ import triton.language as tl
 
 MAX_ROWS = 32  # decode (1) and speculative verify (k + 1 ≤ 17 for suffix:16) rows; prompts take the stock layer
 BN = 4  # output columns (q/k/v: rotation pairs) per GEMV program
-DOT_ROWS, DOT_BN, DOT_BK = 16, 16, 128  # from 16 padded rows the GEMVs use tl.dot (`_gemv2`), in these tiles
+DOT_ROWS, DOT_BN, DOT_BK = 16, 16, 256  # from 16 padded rows the GEMVs use tl.dot (`_gemv2`), in these tiles
 TILE = 8192  # elements of a GEMV program's (rows, columns, K) tile per weight: registers, not shared memory
 WIDE = 8192  # weight elements a program holds at once above which it runs 8 warps instead of 4
 BLOCK_S = 64  # keys per attention tile
@@ -69,7 +69,7 @@ def _gemv2(x_ptr, sx, wa_ptr, wb_ptr, sw, cols_a, cols_b, n_ok, r, r_ok, k, eps,
     (normed → dtype, × weight → dtype); ONE: K fits one tile (x is read once, its RMS from the same load).
     PDL: the weights (which no kernel writes) are requested before waiting for the previous kernel, x after.
     From 16 rows (a k ≥ 8 verify) the products go through tl.dot (tensor cores; IEEE float32 for float32
-    weights), whose tiles `_tiles` sizes at 16 columns and ≤ 128 of K; fewer rows are summed on the CUDA cores."""
+    weights), whose tiles `_tiles` sizes at 16 columns and ≤ 256 of K; fewer rows are summed on the CUDA cores."""
     acc_a = tl.zeros((ROWS, BN), tl.float32)
     acc_b = tl.zeros((ROWS, BN), tl.float32)
     inv = tl.full((ROWS,), 1.0, tl.float32)
@@ -94,7 +94,7 @@ def _gemv2(x_ptr, sx, wa_ptr, wb_ptr, sw, cols_a, cols_b, n_ok, r, r_ok, k, eps,
                 inv = tl.rsqrt(tl.sum(x * x, 1) / k + eps)
             nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
             x = _rnd(_rnd(x * inv[:, None], dt) * nw[None, :], dt)
-        if ROWS >= 16:  # DOT_ROWS: tensor cores (x is exact in the weights' dtype: it holds values rounded to it)
+        if ROWS >= 16 and BN >= 16:  # tl.dot's smallest tile: tensor cores (x is exact in the weights' dtype)
             acc_a += tl.dot(x.to(wa.dtype), tl.trans(wa), input_precision="ieee")
             if TWO:
                 acc_b += tl.dot(x.to(wb.dtype), tl.trans(wb), input_precision="ieee")
@@ -260,7 +260,9 @@ def _tiles(rows: int, n: int, k: int) -> tuple[int, int, int]:
     576-wide projections 4 columns per program gave 1,035 tok/s, 8 gave 993 and 16 gave 835, and a tile of 8,192
     or 32,768 elements the same 1,034; H200, `fused-layer-probe-h200-first.json`)."""
     padded = triton.next_power_of_2(rows)
-    if padded >= DOT_ROWS:  # tl.dot: 16 columns at least, K in tiles of 128
+    if padded >= DOT_ROWS:  # tl.dot: 16 columns at least, K in rounds of 256 — a graphed 9-row verify of the
+        # default model took 1,191 µs with 256, 1,304 with 512, 1,528 with 128 (the first choice), 5,675 with 1,024;
+        # the CUDA cores' broadcast product at 16 rows 1,599–3,429 (H200, verify-tiles-smollm2-preset-h200.json)
         return padded, DOT_BN, min(triton.next_power_of_2(k), DOT_BK)
     return padded, BN, min(triton.next_power_of_2(k), max(16, TILE // (padded * BN)))
 

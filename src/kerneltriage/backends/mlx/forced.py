@@ -22,7 +22,7 @@ def forced_logits(runner: "Runner", prompt: Sequence[int], fed: Sequence[int] | 
     runner.reset_cache(len(prompt) + count)
     rows = [_host_row(runner.prefill(prompt, 0)[0])]
     position, fed = len(prompt), list(fed or [])[: count - 1]
-    block = runner.speculation.controller.deepest + 1 if runner.speculation else 0
+    block = runner.speculation.deepest(runner) + 1 if runner.speculation else 0
     if block and len(fed) < count - 1:
         raise ValueError("a speculating runner is checked on the reference's tokens: pass them")
     while len(rows) < count:

@@ -1,11 +1,12 @@
 """A draft model trained by self-distillation (issue 14's trained drafter): a copy of the target's first L layers,
 with its embedding, final norm and output projection, trained to match the target's own next-token distribution
-(KL(target ‖ draft) at every position) on the target's greedy continuations of a set of prompts, then written as a
+(KL(target ‖ draft) at every position of the answers) on the target's greedy continuations of a set of prompts — the
+text a draft is asked to continue; not the prompts, whose chat-template boilerplate it would learn instead — then written as a
 Hugging Face folder (config.json, model.safetensors, the target's tokenizer) that `--spec draft:PATH` loads.
 
 Only the copied layers and the final norm train; the embedding and output projection stay the target's (the draft
 must score the same vocabulary). Before training the draft is `--spec selfdraft:L`; the report gives the top-1
-agreement with the target — what a verify accepts at draft position 1 — before and after, on held-out prompts.
+agreement with the target over held-out answers — what a verify accepts at draft position 1 — before and after.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -97,14 +98,23 @@ def student_checkpoint(target: Checkpoint, layers: int) -> Checkpoint:
                       source=f"{target.source} (first {layers} layers)", chat_template=target.chat_template)
 
 
-def training_sequences(target: Runner, continuation: int, progress: Progress) -> list[list[int]]:
-    """Each prompt (in the chat template where the model has one) followed by the target's greedy continuation."""
+class Answered(NamedTuple):
+    """A prompt followed by the target's greedy continuation; `start` is the first continuation token's index."""
+
+    tokens: list[int]
+    start: int
+
+
+def training_sequences(target: Runner, continuation: int, progress: Progress) -> list[Answered]:
+    """Each prompt (in the chat template with the assistant's turn opened, as `generate --chat` and the prompt sets
+    run it, where the model has one) followed by the target's greedy continuation."""
     tokenizer, sequences = target.checkpoint.tokenizer, []
     for index, text in enumerate(PROMPTS):
         if tokenizer.chat_template:
-            text = tokenizer.apply_chat_template([{"role": "user", "content": text}])
+            text = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
         prompt = tokenizer.encode(text, add_special=not tokenizer.chat_template)
-        sequences.append(prompt + list(generate_step(target, prompt, SamplingParams(), continuation)))
+        sequences.append(Answered(prompt + list(generate_step(target, prompt, SamplingParams(), continuation)),
+                                   len(prompt)))
         progress(f"target's continuations: {index + 1}/{len(PROMPTS)}")
     return sequences
 
@@ -129,14 +139,22 @@ def _logits(model: Model, tokens: list[int], device: torch.device) -> torch.Tens
         model.cache = None
 
 
-def agreement(target: Runner, student: Runner, sequences: Sequence[list[int]]) -> float:
-    """The fraction of positions where the draft's top token is the target's (draft position 1's acceptance)."""
+def _answer(logits: torch.Tensor, sequence: Answered) -> torch.Tensor:
+    """The rows that predict the continuation's tokens: what a draft is asked for (the prompt's rows — a chat
+    template's fixed system text among them — would flatter it)."""
+    return logits[sequence.start - 1:-1]
+
+
+def agreement(target: Runner, student: Runner, sequences: Sequence[Answered]) -> float:
+    """The fraction of continuation positions where the draft's top token is the target's (draft position 1's
+    acceptance)."""
     hits = total = 0
     with torch.no_grad():
-        for tokens in sequences:
-            teacher = _logits(target.model, tokens, target.device).argmax(-1)
-            hits += int((_logits(student.model, tokens, student.device).argmax(-1) == teacher).sum())
-            total += len(tokens)
+        for sequence in sequences:
+            teacher = _answer(_logits(target.model, sequence.tokens, target.device), sequence).argmax(-1)
+            draft = _answer(_logits(student.model, sequence.tokens, student.device), sequence).argmax(-1)
+            hits += int((draft == teacher).sum())
+            total += len(teacher)
     return hits / total
 
 
@@ -154,12 +172,14 @@ def distill(target: Runner, layers: int, steps: int, continuation: int, progress
         parameter.requires_grad_(True)
     optimizer = torch.optim.AdamW(trained, lr=LEARNING_RATE, weight_decay=0.0)
     with torch.no_grad():  # the target's distributions, once per sequence (each is trained on steps/len times)
-        teachers = [F.log_softmax(_logits(target.model, tokens, target.device), dim=-1) for tokens in train]
+        teachers = [F.log_softmax(_answer(_logits(target.model, sequence.tokens, target.device), sequence), dim=-1)
+                    for sequence in train]
     losses = []
     for step in range(steps):
-        tokens, teacher = train[step % len(train)], teachers[step % len(train)]
+        sequence, teacher = train[step % len(train)], teachers[step % len(train)]
         with torch.enable_grad():
-            draft = F.log_softmax(_logits(student.model, tokens, student.device), dim=-1)
+            logits = _answer(_logits(student.model, sequence.tokens, student.device), sequence)
+            draft = F.log_softmax(logits, dim=-1)
             loss = F.kl_div(draft, teacher, log_target=True, reduction="batchmean")  # KL(target ‖ draft) per position
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

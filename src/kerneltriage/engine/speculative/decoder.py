@@ -6,7 +6,8 @@ and trims the cache past the rest. A runner whose steps are captured at fixed sh
 deepest step's k+1 rows. The controller picks k before each step, 0 being a plain step; during plain steps a
 lookup drafter's proposals are scored against the emitted tokens (shadow acceptance) for the controller. Plain
 steps run pipelined, as `one_sync` runs them: the next one is queued before a token is read, so the host's work on
-that token (the controller, shadow drafts) overlaps the device's next step.
+that token (the controller, shadow drafts, the next draft) overlaps the device's next step — also while drafting is
+on and a lookup drafter finds nothing to draft, until it does.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterator
 
 from kerneltriage.core.errors import InputError
-from kerneltriage.engine.speculative.config import TREE_GREEDY_ONLY, Speculation
+from kerneltriage.engine.speculative.config import AUTO_MAX_DEPTH, PADDED_MAX_DEPTH, TREE_GREEDY_ONLY, Speculation
 from kerneltriage.engine.speculative.controller import DepthController
 from kerneltriage.engine.speculative.draft import Drafter
 from kerneltriage.engine.speculative.shadow import Shadow
@@ -43,9 +44,16 @@ class SpeculativeDecoder:
     def reset_total(self) -> None:
         self.total = SpecStats(self.speculation.source_text)
 
+    def deepest(self, runner: "Steps") -> int:
+        """The deepest k a run on `runner` drafts: the fixed depth, else auto's limit — deeper where verifies are
+        captured at one padded shape (config.PADDED_MAX_DEPTH says why)."""
+        if self.speculation.depth:
+            return self.speculation.depth
+        return PADDED_MAX_DEPTH if runner.pads_verify else AUTO_MAX_DEPTH
+
     def rows(self, runner: "Steps") -> int:
         """Rows of every verify forward: the deepest k + 1 where verifies are captured at a fixed shape, else 0."""
-        return self.controller.deepest + 1 if runner.pads_verify else 0
+        return self.deepest(runner) + 1 if runner.pads_verify else 0
 
     def __call__(self, runner: "Steps", logits: Any, start: int, count: int, sampler: "Sampler") -> Iterator[int]:
         if len(sampler.prompt) != start:  # positions come from the context: a stale prompt would misplace them
@@ -55,9 +63,10 @@ class SpeculativeDecoder:
             raise InputError(f"--spec {self.speculation.source_text}: {TREE_GREEDY_ONLY}")
         rows = self.rows(runner)
         self.stats = SpecStats(self.speculation.source_text)
-        self.controller = DepthController(self.speculation.depth, padded=rows > 0)
+        self.controller = DepthController(self.speculation.depth, self.deepest(runner), padded=rows > 0)
         self.drafter.reset(runner, start + count)
         self.shadow.clear()
+        self.drafted = None  # the draft made after the last plain token (lookup drafters), if any
         context = list(sampler.prompt) + [runner.read_later(sampler(logits)).result()]
         yield context[-1]
         try:
@@ -65,10 +74,10 @@ class SpeculativeDecoder:
                 k = self._depth(runner, context, start + count, rows)
                 emitted = self.step(runner, context, k, sampler, rows) if k else None
                 if emitted is None:  # drafting off, or nothing to draft: plain steps until there is
-                    yield from self._plain_run(runner, context, k, start + count, sampler)
+                    yield from self._plain_run(runner, context, start + count, sampler)
                     continue
                 context += emitted
-                self._follow(context, k, sampler)
+                self.shadow.clear()  # a verify measured acceptance itself
                 yield from emitted
         finally:  # a stop string closes the loop early: what ran still counts
             self.total.merge(self.stats)
@@ -79,19 +88,21 @@ class SpeculativeDecoder:
         k = min(self.controller.next_depth(), end - len(context) - 1)
         return 0 if len(context) - 1 + max(rows - 1, k) >= runner.cache_capacity else k
 
-    def _plain_run(self, runner: "Steps", context: list[int], k: int, end: int, sampler: "Sampler") -> Iterator[int]:
-        """Plain steps. While the controller keeps drafting off they run pipelined: step n+1 is queued (fed token n
-        on the device) before token n is read, and the host's work on token n (the controller, shadow drafts)
-        overlaps it; the step queued when the controller turns drafting back on is still read (the run's last
-        token). With drafting on and nothing drafted, one step: the next token may bring a draft. A step's cost is
-        the time between two tokens arriving: the device's step when the host keeps up. `k` is the depth the first
-        step was chosen at (> 0: drafting on, nothing drafted); the queued ones are chosen at 0."""
+    def _plain_run(self, runner: "Steps", context: list[int], end: int, sampler: "Sampler") -> Iterator[int]:
+        """Plain steps, pipelined: step n+1 is queued (fed token n on the device) before token n is read, and the
+        host's work on token n overlaps it. They go on while the controller keeps drafting off, or while it is on
+        (auto depth) and a lookup drafter finds nothing after the last token read (it drafts after every token,
+        `_follow`); the step queued when that changes is still read, and the next step drafts after it — a draft
+        that missed that token would not have paid its verify. A model drafter, which costs a forward to ask, and a
+        fixed depth get one step at a time while drafting is on. A step's cost is the time between
+        two tokens arriving: the device's step when the host keeps up."""
         position = len(context) - 1  # where the token being fed goes
         token = sampler(runner.decode(context[-1], position))
         last = time.perf_counter()
+        self.drafted = None
         while True:
             pending = runner.read_later(token)
-            more = len(context) + 1 < end and self.controller.next_depth() == 0
+            more = len(context) + 1 < end and self._keep_plain()
             if more:  # queue the next step before waiting for this token
                 token = sampler(runner.decode(token, position + 1))
             context.append(pending.result())
@@ -100,22 +111,30 @@ class SpeculativeDecoder:
             self.controller.observe_plain(now - last)
             last = now
             yield context[-1]
-            self._follow(context, k, sampler)
-            position, k = position + 1, 0
+            self._follow(context, sampler)
+            position += 1
             if not more:
                 return
 
-    def _follow(self, context: list[int], k: int, sampler: "Sampler") -> None:
-        """After a plain step the controller chose (k = 0): score the pending shadow drafts against the emitted
-        token and start one more from here. A verify step measures acceptance itself."""
-        if k or not self.shadows:
-            self.shadow.clear()
+    def _keep_plain(self) -> bool:
+        """Queue another plain step: drafting is off, or on (auto depth) with a lookup drafter that found nothing
+        last time. A fixed depth verifies every draft at the token it was found at, so it reads each token first."""
+        if self.controller.next_depth() == 0:
+            return True
+        return self.controller.adaptive and self.shadows and self.drafted is None
+
+    def _follow(self, context: list[int], sampler: "Sampler") -> None:
+        """After a plain step, with a lookup drafter (no forward to ask it): score the pending shadow drafts against
+        the emitted token and draft from here — a shadow for the controller, and while drafting is on, whether the
+        next step verifies (`_keep_plain`)."""
+        if not self.shadows:
             return
         for position, hit in self.shadow.score(context[-1]):
             self.stats.record_shadow(position, hit)
             self.controller.observe_shadow(position, hit)
-        draft = self.drafter.draft(context, self.controller.deepest, sampler)
-        if draft is not None:  # a tree is shadowed along its first path (shadows score one sequence)
+        self.drafted = self.drafter.draft(context, self.controller.deepest, sampler)
+        if self.drafted is not None:  # a tree is shadowed along its first path (shadows score one sequence)
+            draft = self.drafted
             self.shadow.start(draft.tree.first_path() if draft.tree else list(draft.tokens))
 
     def step(self, runner: "Steps", context: list[int], k: int, sampler: "Sampler", rows: int = 0) -> list[int] | None:

@@ -69,7 +69,7 @@ def build_drafter(speculation: Speculation, runner: Any, self_drafter: Callable[
 def install(runner: Any, speculation: Speculation, drafter: Drafter, slack: int = 0) -> SpeculativeDecoder:
     """The decoder as `runner`'s token loop, with cache room past the end for the deepest verify (or `slack`)."""
     decoder = SpeculativeDecoder(speculation, drafter)
-    runner.cache_slack = max(runner.cache_slack, decoder.controller.deepest, slack)
+    runner.cache_slack = max(runner.cache_slack, decoder.deepest(runner), slack)
     runner.token_loop = decoder
     runner.speculation = decoder
     return decoder
