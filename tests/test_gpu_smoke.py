@@ -41,10 +41,10 @@ def test_smoke_levers_keep_tokens_and_count_every_replay(plain: list[int], lever
     steps = NEW - 1
     if "graphs" in levers:
         assert runner.counters["graphs"] == steps  # one count per replay, none for the capture
-    # compile_prefill serves the one prefill; so do the packed projections and last_logits beside fused_layer (its
-    # kernels read their own weights, and a decode step is one row anyway)
-    once = {"compile_prefill", "prefill_graphs"} | ({"packed_qkv", "packed_gate_up", "last_logits"}
-                                                    if "fused_layer" in levers else set())
+    # compile_prefill, prefill_graphs and last_logits serve the one prefill; so do the packed projections beside
+    # fused_layer (its kernels read their own weights)
+    once = {"compile_prefill", "prefill_graphs", "last_logits"} | ({"packed_qkv", "packed_gate_up"}
+                                                                   if "fused_layer" in levers else set())
     for setting in runner.run_config.lever_names:
         least = 0 if setting == "graphs" else 1 if setting in once else steps
         assert runner.counters[setting] >= least, (setting, dict(runner.counters))
