@@ -16,6 +16,7 @@
 #   kernels         kernel run of split_kv_attention and silu_gemv (IEEE float32; needs the model)
 #   spec            suffix speculation vs the fused set on the four prompt sets (needs the model)
 #   distill         ab of spec=draft:(the distilled draft) on the four prompt sets (trains it first if needed)
+#   sources         ab of spec=ngram and spec=draft:(the distilled draft) on copy_heavy and open_ended
 #   mlx-tf32        mlx-lm's float16 decode with MLX_ENABLE_TF32 1 and 0 (needs all four parts)
 #   mlx             MLX's CUDA backend: bench beside torch's best set, mlx-lm and llama.cpp (when built), then triage
 #                   on MLX (needs the model and MLX's CUDA build: all four parts)
@@ -109,6 +110,16 @@ case "$1" in
         --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r 5 --output json --ledger "$L" \
         > "$OUT/spec-$set-h200-distilled-fused.json"
     done ;;
+  sources)  # issue 14's per-source comparison on one copy-heavy and one open-ended set: n-gram lookup and the
+    # distilled draft (trained first if needed) beside suffix (spec step)
+    [ -d /tmp/kt-draft ] || run_step distill-train
+    for set in copy_heavy open_ended; do
+      for source in ngram draft:/tmp/kt-draft; do
+        step 120 "${kt[@]}" ab --a "levers=$FUSED" --b "levers=${FUSED%,one_sync};spec=$source" \
+          --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r 5 --output json --ledger "$L" \
+          > "$OUT/spec-$set-h200-${source%%:*}-fused.json"
+      done
+    done ;;
   mlx-tf32)  # issue 15: did MLX_ENABLE_TF32=0 (set by our MLX backend) halve mlx-lm's float16 decode? one process each
     for v in 1 0; do step 120 env MLX_ENABLE_TF32=$v python3 benchmarks/mlx_tf32_probe.py >> "$OUT/mlx-tf32-probe-h200.jsonl"; done ;;
   mlx)  # MLX's CUDA backend beside torch's best set on the same GGUF (float16: quantized keeps the GGUF's fp16 scales)
@@ -118,7 +129,7 @@ case "$1" in
       "${llama[@]}" -p 512 -n 128 -d 0,2048 -r 5 --output json --ledger "$L" > "$OUT/bench-default-h200-mlx.json"
     step 240 "${kt[@]}" triage --backend mlx --device cuda --dtype float16 --output json \
       --html "$OUT/triage-default-h200-mlx.html" --ledger "$L" > "$OUT/triage-default-h200-mlx.json" ;;
-  *) echo "usage: bash benchmarks/h200.sh STEP... (steps: smoke 8b 8b-table 8b-triaged 8b-triage default default-table default-triaged default-triage gpu-tests probe wait-build distill-train llamacpp-build llamacpp prefill-graphs spec-profile quantized kernels spec distill mlx-tf32 mlx)" >&2
+  *) echo "usage: bash benchmarks/h200.sh STEP... (steps: smoke 8b 8b-table 8b-triaged 8b-triage default default-table default-triaged default-triage gpu-tests probe wait-build distill-train llamacpp-build llamacpp prefill-graphs spec-profile quantized kernels spec distill sources mlx-tf32 mlx)" >&2
      exit 2 ;;
 esac
 }
