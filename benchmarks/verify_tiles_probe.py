@@ -1,0 +1,107 @@
+"""The `fused_layer` GEMV tiles for speculative verify rows (9 and 17: k = 8 and 16, padded to 16 and 32), CUDA only.
+
+Why: on the H200 a 9-row verify of the default model took 1,537 µs against a plain step's 561 µs
+(`spec-profile-repetitive-h200.json`): its GEMVs went through tl.dot in 16 × 16 × 128 tiles, ~30–100 programs each
+looping over K, 4× slower per launch than the one-row path. Each candidate below replaces `fused_layer._tiles`
+(rows, n, k) → (padded rows, columns per program, K per load round); a tile with 16+ rows and 16+ columns runs
+tl.dot, any other the CUDA cores' broadcast product. Per candidate: µs per graphed verify (200 replays queued)
+and per plain step, and the float32 verify logits' largest difference from the stock layers' (no fused_layer).
+
+    python3 benchmarks/verify_tiles_probe.py --model smollm2-135m --out verify-tiles.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import triton
+
+from kerneltriage.backends.torch.backend import BACKEND
+from kerneltriage.core.environment import capture_environment
+from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.engine.sources import load_checkpoint
+from kerneltriage.kernels import fused_layer
+
+FUSED = "packed_qkv,packed_gate_up,last_logits,fused_norm,fused_layer,pdl,graphs"
+STOCK = "packed_qkv,packed_gate_up,last_logits,fused_norm,graphs"
+POSITION, ITERS = 300, 200
+CURRENT = fused_layer._tiles
+
+
+def candidate(bn: int, bk: int, tile: int = 0):  # noqa: ANN201
+    """Tiles for ≥ 16 padded rows: `bn` columns, K in rounds of `bk` (at most K, padded to a power of two); with
+    `tile` > 0, BK = tile / (rows · bn) instead. Fewer rows keep the current one-row tiles."""
+    def tiles(rows: int, n: int, k: int) -> tuple[int, int, int]:
+        padded = triton.next_power_of_2(rows)
+        if padded < fused_layer.DOT_ROWS:
+            return CURRENT(rows, n, k)
+        size = max(16, tile // (padded * bn)) if tile else bk
+        return padded, bn, min(triton.next_power_of_2(k), size)
+    return tiles
+
+
+CANDIDATES = {
+    "current": CURRENT,
+    "dot16x256": candidate(16, 256), "dot16x512": candidate(16, 512), "dot16x1024": candidate(16, 1024),
+    "cc4x128": candidate(4, 128), "cc2x256": candidate(2, 256), "cc1x512": candidate(1, 512),
+    "cc2x512": candidate(2, 512), "cc4x256": candidate(4, 256), "cc1x1024": candidate(1, 1024),
+}
+
+
+def queued_us(call, iters: int = ITERS) -> float:  # noqa: ANN001
+    call()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        call()
+    torch.cuda.synchronize()
+    return 1e6 * (time.perf_counter() - start) / iters
+
+
+def verify_logits(checkpoint, levers: str, dtype: str, rows: int) -> tuple[object, torch.Tensor]:  # noqa: ANN001
+    runner = BACKEND.build(checkpoint, RunConfig.from_flags(levers), "cuda", dtype)
+    runner.reset_cache(POSITION + 64)
+    runner.prefill(list(range(1, POSITION + 1)), 0)
+    drafts = list(range(7, 7 + rows - 1))
+    return runner, runner.verify(3, drafts, POSITION, rows).float().clone()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--candidates", default=",".join(CANDIDATES))
+    parser.add_argument("--out", default="verify-tiles.json")
+    args = parser.parse_args()
+    checkpoint = load_checkpoint(args.model)
+    result = {"benchmark": "verify-tiles", "model": args.model, "position": POSITION, "rows": {},
+              "environment": capture_environment()}
+    for rows in (9, 17):
+        _, reference = verify_logits(checkpoint, STOCK, "float32", rows)
+        stock, _ = verify_logits(checkpoint, STOCK, "bfloat16", rows)
+        drafts = list(range(7, 7 + rows - 1))
+        found = result["rows"][rows] = {"stock_verify_us": queued_us(lambda: stock.verify(3, drafts, POSITION, rows))}
+        del stock
+        for name in args.candidates.split(","):
+            fused_layer._tiles = CANDIDATES[name]
+            try:
+                _, logits = verify_logits(checkpoint, FUSED, "float32", rows)
+                runner, _ = verify_logits(checkpoint, FUSED, "bfloat16", rows)
+                found[name] = {
+                    "verify_us": queued_us(lambda: runner.verify(3, drafts, POSITION, rows)),
+                    "plain_us": queued_us(lambda: runner.decode(3, POSITION)),
+                    "float32_max_diff": float((logits - reference).abs().max()),
+                    "tiles_k576": CANDIDATES[name](rows, 576, 576), "tiles_k1536": CANDIDATES[name](rows, 576, 1536)}
+            except Exception as exc:  # noqa: BLE001 - a candidate that fails to build is a result too
+                found[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            finally:
+                fused_layer._tiles = CURRENT
+            print(rows, name, found[name], flush=True)
+            with open(args.out, "w") as out:  # after every candidate: a run cut short keeps what it measured
+                json.dump(result, out, indent=2)
+
+
+if __name__ == "__main__":
+    main()
