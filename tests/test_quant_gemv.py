@@ -69,11 +69,11 @@ def test_a_quantized_model_keeps_the_dequantized_models_tokens() -> None:
     checkpoint = _quantized_checkpoint("Q4_1")  # the default GGUF's type (the kernel test covers the other two)
     stock, quant = _runner(checkpoint), _quantized(_runner(checkpoint))
     prompt = list(range(5, 21))
-    expected = list(generate_step(stock, prompt, SamplingParams(), 12))
+    expected = list(generate_step(stock, prompt, SamplingParams(), 8))
     assert len(set(expected)) > 3
-    assert list(generate_step(quant, prompt, SamplingParams(), 12)) == expected
-    # 2 layers × 7 projections per forward: the prompt (dequantized, 16 rows) and 11 decode steps (the GEMV)
-    assert quant.counters["quantized"] == 2 * 7 * 12
+    assert list(generate_step(quant, prompt, SamplingParams(), 8)) == expected
+    # 2 layers × 7 projections per forward: the prompt (dequantized, 16 rows) and 7 decode steps (the GEMV)
+    assert quant.counters["quantized"] == 2 * 7 * 8
     assert 0.3 * stock.held_bytes() < quant.held_bytes() < 0.8 * stock.held_bytes()  # the blocks replace them
 
 
@@ -107,8 +107,21 @@ def test_abs_float32_check_compares_the_lever_with_stock_on_its_own_exact_weight
     checkpoint = _quantized_checkpoint()
     a = BACKEND.build(checkpoint, RunConfig(), DEVICE, "bfloat16")
     b = BACKEND.build(checkpoint, RunConfig.from_flags("quantized"), DEVICE, "bfloat16")
-    prompts = [list(range(5, 21))]
-    fed = [list(generate_step(a, prompts[0], SamplingParams(), 8))[:7]]
-    judged = equivalence.judge_logits(BACKEND, a, b, prompts, 8, True, fed)
+    prompts = [list(range(5, 11))]
+    fed = [list(generate_step(a, prompts[0], SamplingParams(), 3))[:2]]
+    judged = equivalence.judge_logits(BACKEND, a, b, prompts, 3, True, fed)
     assert judged["semantic_error"] < equivalence.LOGIT_RTOL, judged
     assert judged["error_a"] > 10 * equivalence.LOGIT_RTOL  # bf16: what the old check charged to the lever
+
+
+def test_the_m_sweep_times_the_quantized_projections_through_their_gemv() -> None:
+    from kerneltriage.backends.torch.msweep import m_sweep
+
+    quant = _quantized(_runner(_quantized_checkpoint()))
+    before = quant.counters["quantized"]
+    curves = m_sweep(quant.model, torch.device(DEVICE), (1, 2))
+    names = {name for curve in curves for name in curve.name.split("/")}
+    assert {"q_proj", "o_proj", "gate_proj", "down_proj", "lm_head"} <= names, names  # lm_head: a plain Linear
+    assert quant.counters["quantized"] > before  # the blocks' GEMV ran, not a dequantized weight
+    down = next(curve for curve in curves if "down_proj" in curve.name)
+    assert down.weight_bytes < down.k * down.n * 4 / 3  # Q4_1: ~5 bits a weight, not float32's 32

@@ -1,4 +1,4 @@
-"""The M-sweep: every projection matmul shape of the model at M = 1…16 rows (what speculative verification,
+"""The M-sweep: every projection matmul shape of the model (a `quantized` one through its own GEMV) at M = 1…16 rows (what speculative verification,
 k + 1 rows, feeds it), per-call time. A bandwidth-bound GEMV costs about the same at every small M; a jump
 or a smaller M costing more than a larger one is a hole in the library's tuning grid.
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 import statistics
 
 import torch
-import torch.nn.functional as F
 
 from kerneltriage.backends.torch.gates import graph_seconds
 from kerneltriage.backends.torch.models.llama import Model
@@ -25,37 +24,50 @@ CPU_SWEEP_ROWS = (1, 2, 4, 8, 16)  # the CPU sweep stays tiny: one weight per sh
 SWEEP_MIN_CALLS, SWEEP_SAMPLES, SWEEP_WARMUPS, CPU_SWEEP_SAMPLES = 32, 5, 2, 3
 
 
-def projection_shapes(model: Model) -> dict[tuple[int, int], tuple[list[str], list[torch.Tensor]]]:
-    """Every Linear weight of the model grouped by (K, N), with the op class names sharing that shape."""
-    shapes: dict[tuple[int, int], tuple[list[str], list[torch.Tensor]]] = {}
+def _projection(module: torch.nn.Module) -> bool:
+    """A Linear, or a `quantized` projection kept as blocks (it sweeps its own GEMV)."""
+    from kerneltriage.backends.torch.quantized import QuantLinear
+
+    return isinstance(module, (torch.nn.Linear, QuantLinear))
+
+
+def projection_shapes(model: Model) -> dict[tuple[int, int], tuple[list[str], list[torch.nn.Module]]]:
+    """Every projection of the model grouped by (K, N), with the op class names sharing that shape."""
+    shapes: dict[tuple[int, int], tuple[list[str], list[torch.nn.Module]]] = {}
     for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear):
-            names, weights = shapes.setdefault((module.in_features, module.out_features), ([], []))
+        if _projection(module):
+            names, modules = shapes.setdefault((module.in_features, module.out_features), ([], []))
             short = name.rsplit(".", 1)[-1]
             names.extend([short] if short not in names else [])
-            weights.append(module.weight)
+            modules.append(module)
     return shapes
 
 
-def _linear_seconds(weights: list[torch.Tensor], rows: int, cuda: bool) -> float:
-    """Per-call seconds of F.linear with `rows` random rows, cycling through `weights`."""
-    first = weights[0]
-    x = torch.randn(rows, first.shape[1], device=first.device, dtype=first.dtype)
+def _held_bytes(module: torch.nn.Module) -> int:
+    """The bytes one call reads: the weight (or its blocks) and the bias."""
+    return sum(t.nbytes for t in (*module.parameters(), *module.buffers()))
+
+
+def _linear_seconds(modules: list[torch.nn.Module], rows: int, cuda: bool) -> float:
+    """Per-call seconds of each projection with `rows` random rows, cycling through `modules`."""
+    first = next(iter((*modules[0].parameters(), *modules[0].buffers())))
+    dtype = getattr(modules[0], "dtype", None) or modules[0].weight.dtype  # QuantLinear: its activations' dtype
+    x = torch.randn(rows, modules[0].in_features, device=first.device, dtype=dtype)
 
     def one_pass() -> None:
-        for weight in weights:
-            F.linear(x, weight)
+        for module in modules:
+            module(x)
 
     if cuda:
-        passes = max(1, SWEEP_MIN_CALLS // len(weights))
-        return graph_seconds(one_pass, passes, SWEEP_SAMPLES, SWEEP_WARMUPS) / len(weights)
+        passes = max(1, SWEEP_MIN_CALLS // len(modules))
+        return graph_seconds(one_pass, passes, SWEEP_SAMPLES, SWEEP_WARMUPS) / len(modules)
     one_pass()
     times = []
     for _ in range(CPU_SWEEP_SAMPLES):
         start = synced_clock(first.device)
         one_pass()
         times.append(synced_clock(first.device) - start)
-    return statistics.median(times) / len(weights)
+    return statistics.median(times) / len(modules)
 
 
 @torch.inference_mode()
@@ -64,9 +76,9 @@ def m_sweep(model: Model, device: torch.device, rows: tuple[int, ...] | None = N
     cuda = device.type == "cuda"
     rows = rows or (SWEEP_ROWS if cuda else CPU_SWEEP_ROWS)
     curves = []
-    for (k, n), (names, weights) in projection_shapes(model).items():
-        used = weights if cuda else weights[:1]
+    for (k, n), (names, modules) in projection_shapes(model).items():
+        used = modules if cuda else modules[:1]
         seconds = tuple(_linear_seconds(used, m, cuda) for m in rows)
         curves.append(SweepCurve("/".join(names), k, n, len(used), tuple(rows), seconds,
-                                 "cuda graph replay" if cuda else "cpu clock", weights[0].nbytes))
+                                 "cuda graph replay" if cuda else "cpu clock", _held_bytes(modules[0])))
     return curves
