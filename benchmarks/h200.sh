@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# This session's H200 records, one step per device call (each prints a line per sub-step with its exit status and
-# seconds; results land in $OUT, packed into $OUT/STEP.tgz as well since a call returns at most 8 files).
-# Several steps may follow one another in one call: `bash benchmarks/h200.sh probe` then `llamacpp prefill-graphs`.
+# This session's H200 records: `bash benchmarks/h200.sh STEP...` runs the steps in turn (each prints a line per
+# sub-step with its exit status and seconds; results land in $OUT, packed into $OUT/STEP1-STEP2….tgz as well since a
+# call returns at most 8 files).
 #   smoke           the CUDA code paths the CPU cannot run, on tiny shapes (~1 min)
 #   8b              the lever table of the llama3-8b preset under the one verdict rule, then its triage (no default
 #                   model needed); default: the same for the default model (needs both model parts)
@@ -63,18 +63,20 @@ case "$1" in
   default-triaged) table default ab-default "$TRIAGED" ;;
   default-triage) triage default default ;;
   gpu-tests) step 560 python3 -m pytest -q tests/test_gpu.py ;;
-  llamacpp-build)
-    echo $$ > /tmp/llama-build.pid
+  llamacpp-build)  # (skipped while `probe`'s background build runs: two cmakes in one folder would collide)
+    kill -0 "$(cat /tmp/llama-build.pid 2> /dev/null)" 2> /dev/null && [ "$(cat /tmp/llama-build.pid)" != $$ ] && return
     [ -x "$LLAMA_BENCH" ] || step 420 bash -c "cmake -S /tmp/llama.cpp -B /tmp/llama.cpp/build -DGGML_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
       > /tmp/llama-cmake.log && cmake --build /tmp/llama.cpp/build --target llama-bench -j 14 > /tmp/llama-build.log" ;;
   probe)  # llama.cpp building in its own session (it outlives this call: `llamacpp` waits for it), meanwhile the
     # CUDA paths on tiny models: quantized's GEMV, prefill graphs, the smoke tests (no default model needed)
     NO_TAR=1 setsid bash "$0" llamacpp-build > /tmp/llama-build.out 2>&1 < /dev/null &
+    echo $! > /tmp/llama-build.pid
     step 240 python3 -m pytest -q tests/test_quant_gemv.py tests/test_prefill_graphs.py tests/test_gpu_smoke.py \
       > "$OUT/gpu-smoke-h200.txt" 2>&1 ;;
   wait-build)  # until the background build of `probe` has written llama-bench (or has stopped)
-    step 420 bash -c "while [ ! -x $LLAMA_BENCH ] && kill -0 \$(cat /tmp/llama-build.pid) 2> /dev/null; do sleep 5; done" ;;
+    step 420 bash -c "while [ ! -x $LLAMA_BENCH ] && kill -0 \$(cat /tmp/llama-build.pid 2> /dev/null) 2> /dev/null; do
+      sleep 5; done" ;;
   distill-train)  # the drafter's training: no timing in it, so it may share the host with the build
     step 300 "${kt[@]}" distill --layers 2 --steps 600 --out /tmp/kt-draft --output json \
       > "$OUT/distill-default-h200.json" ;;

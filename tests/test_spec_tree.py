@@ -24,7 +24,7 @@ from kerneltriage.engine.speculative.suffix import SuffixAutomaton, tree_candida
 from kerneltriage.engine.speculative.tree import TokenTree, merge
 
 GREEDY = SamplingParams()
-PROMPT = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]
+PROMPT = [210, 158, 247, 186, 114, 261] * 2  # every tiny model's greedy text repeats after it: lookups verify
 NEW = 40
 
 
@@ -118,10 +118,7 @@ def test_greedy_tree_speculation_equals_plain_greedy(arch: str, depth: str) -> N
     runner = tiny_runner(arch)
     decoder = install_speculation(runner, parse_speculation("suffix:tree", depth))
     assert list(generate_step(runner, PROMPT, GREEDY, NEW)) == expected
-    stats = decoder.stats
-    assert runner.counters[SPEC_COUNTER] == stats.verify_steps
-    # auto depth verifies a draft from the token after the one it was found at: none ran where all missed it
-    assert stats.verify_steps > 0 or (depth == "auto" and stats.shadow_accepted[:1] == [0])
+    assert runner.counters[SPEC_COUNTER] == decoder.stats.verify_steps > 0
 
 
 def test_tree_is_refused_where_it_cannot_be_exact() -> None:

@@ -9,11 +9,12 @@ arithmetic may differ, per-op checks at the model's real shapes, and the timed r
   ‖X − R‖ / ‖R‖: a uniform 3% error in the logits is 3% whatever their spread, where a max-based error hides it
   under the largest logit. A float32 A is the reference: B within LOGIT_RTOL.
 - A bf16/fp16 A carries its own rounding error (on the real default model 1.6–2.2% of the logits: as large as
-  the errors to catch), so B is judged twice against a float32 copy R of the same weights. Semantics: B's very
-  configuration rebuilt in float32 must land within LOGIT_RTOL of R — any error in what the lever computes
-  (a 1% scale as much as a 6% one) shows there, free of rounding. Precision: B in its own dtype may be at most
-  REFERENCE_FACTOR times as far from R as A is (another rounding order lands about as far; a kernel that
-  accumulates in bf16 lands further).
+  the errors to catch), so B is judged twice against a float32 copy R of A's weights. Semantics: B's very
+  configuration rebuilt in float32 must land within LOGIT_RTOL of stock float32 on B's own weights (R, unless B
+  holds other values: `quantized` keeps the exact block values that A holds rounded) — any error in what the lever
+  computes (a 1% scale as much as a 6% one) shows there, free of rounding. Precision: B in its own dtype may be at
+  most REFERENCE_FACTOR times as far from R as A is (another rounding order lands about as far; a kernel that
+  accumulates in bf16 lands further; B's other weights, if worse, show here).
 - Per-op checks: each seam a reordering lever replaces, against the stock op in float32 (backend.seam_errors),
   by the same factor.
 - A lever that approximates (numerics "approximates" in the lever table) is not held to any of that: it is judged
@@ -60,7 +61,7 @@ class Correctness:
     tolerance: float | None = None
     reference: str = "A"
     error_a: float | None = None
-    semantic_error: float | None = None  # B's configuration in float32 against R (bf16/fp16 runs)
+    semantic_error: float | None = None  # B's configuration in float32 against stock float32 on B's weights
     quality: dict[str, tuple[float, bool]] = field(default_factory=dict)  # declared metric → (value, holds)
     seams: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     timed: str | None = None

@@ -45,7 +45,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     add("--spec", default=None, help=f"speculative decoding: {SPEC_HELP} (suffix:tree: temperature 0 and eager "
                                      "levers only)")
     add("--spec-depth", default=None, help="draft tokens per step: 1..16 or auto (default: auto — the cost model "
-        "picks k ≤ 8, ≤ 16 where verifies are graphed)")
+        "picks k ≤ 8, ≤ 15 for a lookup where verifies are graphed)")
 
 
 def run_config(args: argparse.Namespace, speculate: bool = True) -> RunConfig:

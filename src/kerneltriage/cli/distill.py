@@ -18,10 +18,10 @@ DEFAULT_CONTINUATION = 96  # greedy tokens of the target after each prompt
 
 EPILOG = """The draft is a copy of the target's first --layers layers (with its embedding, final norm and output
 projection), trained to match the target's next-token distribution on the target's own greedy answers to 20
-built-in prompts (none from benchmarks/prompts/; the answers' positions only, the prompts in the chat turn --chat
-opens); 4 more prompts are held out to measure top-1 agreement with the target over their answers — the acceptance a
-verify sees at draft position 1 — before and after. Training runs in float32 on --device. On the H200 the default
-model's 2-layer draft reached 20.6% and, in speculation, lost (0.17× on a copy-heavy set: README).
+built-in prompts (none from benchmarks/prompts/; the answers' positions only); 4 more prompts are held out to
+measure top-1 agreement with the target over their answers — the acceptance a verify sees at draft position 1 —
+before and after. Training runs in float32 on --device. On the H200 the default model's 2-layer draft reached 20.6%
+and, in speculation, lost (0.17× on a copy-heavy set: README).
 
 examples:
   kerneltriage distill                                  # default model, 2 layers, 300 steps → the user cache
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_dict(), indent=1))
         return 0
     print(f"draft: {report.layers} layers, {report.steps} steps over {report.sequences} sequences in "
-          f"{report.seconds:.0f} s; KL(target ‖ draft) {report.kl_first:.2f} → {report.kl_last:.2f} nats per position")
+          f"{report.seconds:.0f} s; KL(target ‖ draft) {report.kl_first:.2f} → {report.kl_last:.2f} nats per answer position")
     print(f"top-1 agreement with the target on held-out answers: {report.agreement_before:.1%} (its first layers "
           f"untrained, = --spec selfdraft:{report.layers}) → {report.agreement_after:.1%}")
     print(f"wrote {out}; use it with --spec draft:{out}")

@@ -17,7 +17,7 @@ from kerneltriage.bench.ab import Settings
 from kerneltriage.engine.backend import Backend, Runner
 from kerneltriage.engine.levers import LEVERS, TABLE, LeverSetting
 from kerneltriage.engine.probes import at_keys, distinct_calls
-from kerneltriage.engine.speculative.config import AUTO_MAX_DEPTH, Speculation
+from kerneltriage.engine.speculative.config import Speculation
 from kerneltriage.triage import amdahl, graphed, q1_delete, q2_fastpath, q3_dispatch
 from kerneltriage.triage.breakdown import from_profile
 from kerneltriage.triage.context import ContextCost, measure_context
@@ -150,7 +150,7 @@ def stage_fastpath(state: _State) -> None:
                    for call, per_pass in distinct_calls(calls, state.passes[phase])]
     if not state.gpu:
         state.notes.append(CPU_SDPA_NOTES.get(runner.backend, CPU_SDPA_NOTES["torch"]))
-    state.sweep = backend.sweep_projections(runner, sweep_rows(state.speculation))
+    state.sweep = backend.sweep_projections(runner, sweep_rows(runner))
     budget = state.budget
     deepest = min(budget.context_depth, runner.config.max_context - budget.lever_tokens)
     if deepest >= CONTEXT_DEPTH_MIN:
@@ -165,11 +165,16 @@ def stage_fastpath(state: _State) -> None:
                                           runner.run_config.lever_names)
 
 
-def sweep_rows(speculation: Speculation | None) -> tuple[int, ...] | None:
-    """The M values to sweep: None (the default 1…16) without speculation, else 1 and the verify rows k + 1."""
-    if speculation is None:
+def sweep_rows(runner: Runner) -> tuple[int, ...] | None:
+    """The M values to sweep: None (the default 1…16) without speculation, else 1 and the rows its verifies take —
+    the deepest k + 1 where they are padded to one shape, each k + 1 the depth may pick otherwise."""
+    decoder = runner.speculation
+    if decoder is None:
         return None
-    return (1,) + tuple(k + 1 for k in ([speculation.depth] if speculation.depth else range(1, AUTO_MAX_DEPTH + 1)))
+    if decoder.rows(runner):
+        return (1, decoder.rows(runner))
+    deepest = decoder.deepest(runner)
+    return (1,) + tuple(k + 1 for k in ([deepest] if decoder.speculation.depth else range(1, deepest + 1)))
 
 
 def stage_dispatch(state: _State) -> None:

@@ -20,7 +20,9 @@ def greedy_accept(logits: torch.Tensor, drafts: Sequence[int] | torch.Tensor) ->
 
     logits (k+1, V): row i is the target's prediction after [last, d1..di]. The kept drafts equal the
     argmaxes, so the emitted tokens are argmax rows 0..n: token for token what plain greedy decode emits.
-    One host sync and one kernel: the comparison is the host's (drafts on the device come back with the argmaxes)."""
+    One host sync: the comparison is the host's (drafts on the device come back with the argmaxes)."""
+    if len(logits) != len(drafts) + 1:
+        raise ValueError(f"greedy acceptance: {len(logits)} logit rows for {len(drafts)} drafts; expected drafts + 1")
     best = logits.argmax(dim=-1)  # (k+1,)
     if isinstance(drafts, torch.Tensor):
         both = torch.cat([best, drafts.view(-1)]).tolist()  # one host sync

@@ -69,9 +69,9 @@ class DistillReport:
     layers: int
     steps: int
     sequences: int  # training sequences (prompt + the target's continuation)
-    kl_first: float  # mean KL over the first tenth of the steps (nats per position)
+    kl_first: float  # mean KL over the first tenth of the steps (nats per answer position)
     kl_last: float  # … over the last tenth
-    agreement_before: float  # top-1 agreement with the target on the held-out sequences, before training
+    agreement_before: float  # top-1 agreement with the target over the held-out answers, before training
     agreement_after: float
     seconds: float
     path: str
@@ -107,7 +107,7 @@ class Answered(NamedTuple):
 
 def training_sequences(target: Runner, continuation: int, progress: Progress) -> list[Answered]:
     """Each prompt (in the chat template with the assistant's turn opened, as `generate --chat` and the prompt sets
-    run it, where the model has one) followed by the target's greedy continuation."""
+    run it, where the model has one) followed by the target's greedy continuation, and where the answer starts."""
     tokenizer, sequences = target.checkpoint.tokenizer, []
     for index, text in enumerate(PROMPTS):
         if tokenizer.chat_template:

@@ -43,9 +43,9 @@ def projection_shapes(model: Model) -> dict[tuple[int, int], tuple[list[str], li
     return shapes
 
 
-def _held_bytes(module: torch.nn.Module) -> int:
-    """The bytes one call reads: the weight (or its blocks) and the bias."""
-    return sum(t.nbytes for t in (*module.parameters(), *module.buffers()))
+def _weight_bytes(module: torch.nn.Module) -> int:
+    """One weight's bytes (a quantized projection's: its blocks)."""
+    return module.weight.nbytes if isinstance(module, torch.nn.Linear) else sum(b.nbytes for b in module.buffers())
 
 
 def _linear_seconds(modules: list[torch.nn.Module], rows: int, cuda: bool) -> float:
@@ -54,9 +54,11 @@ def _linear_seconds(modules: list[torch.nn.Module], rows: int, cuda: bool) -> fl
     dtype = getattr(modules[0], "dtype", None) or modules[0].weight.dtype  # QuantLinear: its activations' dtype
     x = torch.randn(rows, modules[0].in_features, device=first.device, dtype=dtype)
 
+    calls = [getattr(module, "product", module) for module in modules]  # quantized: its GEMV, uncounted
+
     def one_pass() -> None:
-        for module in modules:
-            module(x)
+        for call in calls:
+            call(x)
 
     if cuda:
         passes = max(1, SWEEP_MIN_CALLS // len(modules))
@@ -80,5 +82,5 @@ def m_sweep(model: Model, device: torch.device, rows: tuple[int, ...] | None = N
         used = modules if cuda else modules[:1]
         seconds = tuple(_linear_seconds(used, m, cuda) for m in rows)
         curves.append(SweepCurve("/".join(names), k, n, len(used), tuple(rows), seconds,
-                                 "cuda graph replay" if cuda else "cpu clock", _held_bytes(modules[0])))
+                                 "cuda graph replay" if cuda else "cpu clock", _weight_bytes(modules[0])))
     return curves

@@ -52,9 +52,13 @@ class QuantLinear(nn.Module):
         return dequantized(self.quant, dtype or self.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._count()
+        return self.product(x)
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """x · Wᵀ (+ bias), uncounted (the M-sweep times it without posing as the lever's proof of execution)."""
         from kerneltriage.kernels.quant_gemv import GEMV_ROWS, dequantized, quant_gemv
 
-        self._count()
         rows = x.reshape(-1, x.shape[-1])
         if rows.shape[0] <= GEMV_ROWS:
             y = quant_gemv(rows, self.quant)

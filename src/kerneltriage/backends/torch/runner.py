@@ -158,12 +158,14 @@ class Runner:
     def verify(self, last: int, drafts: Sequence[int] | torch.Tensor, start: int, rows: int) -> torch.Tensor:
         """Logits (k+1, V) of [last, drafts…] at start…, padded to `rows` with the last token repeated: the causal
         mask hides filler rows from the real ones. Drafts on the host go over in one copy, with `last`."""
-        count = len(drafts) + 1
         if isinstance(drafts, torch.Tensor):
-            tokens = torch.cat([torch.tensor([last], device=self.device), drafts.view(-1)])
+            tokens = torch.cat([torch.tensor([last], device=self.device), drafts.to(self.device).view(-1)])
+            count = len(tokens)
             padded = torch.cat([tokens, tokens[-1:].expand(max(rows - count, 0))]).view(1, -1)
         else:
-            padded = self.tensor([last, *drafts] + [drafts[-1] if drafts else last] * max(rows - count, 0))
+            tokens = [last, *map(int, drafts)]
+            count = len(tokens)
+            padded = self.tensor(tokens + tokens[-1:] * max(rows - count, 0))
         return self.verify_step(self.model, padded, start)[:count]
 
     @torch.inference_mode()

@@ -16,10 +16,12 @@ SOURCES = ("ngram", "suffix", "selfdraft", "draft")
 MAX_DEPTH = 16  # deepest --spec-depth accepted
 AUTO_START_DEPTH = 4  # where --spec-depth auto begins
 AUTO_MAX_DEPTH = 8  # auto grows k no further (an eager verify: its cost grows with the rows)
-# ... and where verifies are captured at one padded shape: 17 rows cost a graphed verify of the default model 1,229 µs
-# against 9 rows' 1,191 (H200, benchmarks/results/verify-tiles-smollm2-preset-h200.json), so deeper drafts are
-# nearly free there (the controller drafts less where the text does not follow)
-PADDED_MAX_DEPTH = MAX_DEPTH
+# ... and for a lookup drafter where verifies are captured at one padded shape: 16 rows, the most the row-limited paths
+# take (the quantized GEMV, flex_decode, the kernel seams) and one tile of fused_layer's 16-row GEMVs: a graphed verify
+# of the default model's shapes costs 1,191 µs at 9 rows padded to 16, 1,229 at 17 padded to 32 (H200,
+# benchmarks/results/verify-tiles-smollm2-preset-h200.json), so deeper drafts are nearly free there. A model drafter
+# keeps AUTO_MAX_DEPTH: each of its tokens is a forward of its own.
+PADDED_MAX_DEPTH = MAX_DEPTH - 1
 DEFAULT_NGRAM = 3  # ngram: longest context suffix matched
 DEFAULT_SUFFIX = MAX_DEPTH  # suffix: most tokens one step drafts (the match's statistics pick fewer)
 SPEC_HELP = "ngram[:N] | suffix[:N] | suffix:tree | selfdraft[:L] | draft:MODEL"

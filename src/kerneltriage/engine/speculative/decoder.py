@@ -39,17 +39,18 @@ class SpeculativeDecoder:
         self.controller = DepthController(speculation.depth)
         self.shadow = Shadow()
         self.shadows = getattr(drafter, "shadows", False)  # drafting costs no forward: score it during plain steps
+        self.drafted: Any = None  # the draft made after the last plain token (a lookup drafter, auto depth), if any
         self.reset_total()
 
     def reset_total(self) -> None:
         self.total = SpecStats(self.speculation.source_text)
 
     def deepest(self, runner: "Steps") -> int:
-        """The deepest k a run on `runner` drafts: the fixed depth, else auto's limit — deeper where verifies are
-        captured at one padded shape (config.PADDED_MAX_DEPTH says why)."""
+        """The deepest k a run on `runner` drafts: the fixed depth, else auto's limit — deeper for a lookup drafter
+        where verifies are captured at one padded shape (config.PADDED_MAX_DEPTH says why)."""
         if self.speculation.depth:
             return self.speculation.depth
-        return PADDED_MAX_DEPTH if runner.pads_verify else AUTO_MAX_DEPTH
+        return PADDED_MAX_DEPTH if runner.pads_verify and self.shadows else AUTO_MAX_DEPTH
 
     def rows(self, runner: "Steps") -> int:
         """Rows of every verify forward: the deepest k + 1 where verifies are captured at a fixed shape, else 0."""
@@ -66,7 +67,6 @@ class SpeculativeDecoder:
         self.controller = DepthController(self.speculation.depth, self.deepest(runner), padded=rows > 0)
         self.drafter.reset(runner, start + count)
         self.shadow.clear()
-        self.drafted = None  # the draft made after the last plain token (lookup drafters), if any
         context = list(sampler.prompt) + [runner.read_later(sampler(logits)).result()]
         yield context[-1]
         try:
@@ -124,10 +124,11 @@ class SpeculativeDecoder:
         return self.controller.adaptive and self.shadows and self.drafted is None
 
     def _follow(self, context: list[int], sampler: "Sampler") -> None:
-        """After a plain step, with a lookup drafter (no forward to ask it): score the pending shadow drafts against
-        the emitted token and draft from here — a shadow for the controller, and while drafting is on, whether the
-        next step verifies (`_keep_plain`)."""
-        if not self.shadows:
+        """After a plain step, with a lookup drafter (no forward to ask it) and auto depth: score the pending shadow
+        drafts against the emitted token and draft from here — a shadow for the controller, and while drafting is on,
+        whether the next step verifies (`_keep_plain`). While drafting is on, the draft that ends a plain run is
+        scored at its first token too (what a verify of it would have accepted there) before the verify clears it."""
+        if not (self.shadows and self.controller.adaptive):  # a fixed depth drafts at its next step anyway
             return
         for position, hit in self.shadow.score(context[-1]):
             self.stats.record_shadow(position, hit)
