@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_dict(), indent=1))
         return 0
     print(f"draft: {report.layers} layers, {report.steps} steps over {report.sequences} sequences in "
-          f"{report.seconds:.0f} s; KL(target ‖ draft) {report.kl_first:.2f} → {report.kl_last:.2f} nats per answer position")
+          f"{report.seconds:.0f} s; KL(target ‖ draft) {report.kl_first:.2f} → {report.kl_last:.2f} nats per "
+          "answer position")
     print(f"top-1 agreement with the target on held-out answers: {report.agreement_before:.1%} (its first layers "
           f"untrained, = --spec selfdraft:{report.layers}) → {report.agreement_after:.1%}")
     print(f"wrote {out}; use it with --spec draft:{out}")

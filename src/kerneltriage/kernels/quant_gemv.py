@@ -20,7 +20,8 @@ import triton.language as tl
 from kerneltriage.engine.checkpoint import RawTensor
 
 BLOCK = 32  # values per block
-GEMV_ROWS = 16  # decode and verify rows (a padded auto-depth verify: 16 from a lookup, 9 from a model); prompts dequantize
+GEMV_ROWS = 16  # decode and verify rows (a padded auto-depth verify: 16 from a lookup, 9 from a model); prompts
+# dequantize and take cuBLAS
 BN = 8  # output rows per program
 TILE = 1024  # rows × values multiplied per output row and loop step: blocks per step = TILE / 32 / padded rows
 KINDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}

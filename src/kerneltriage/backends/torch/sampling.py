@@ -96,7 +96,7 @@ class TorchSampler:
     def accept(self, logits: torch.Tensor, draft: Draft) -> list[int]:
         """Exact acceptance of `draft` over verify logits (k+1, V): row i is processed with the history and the
         first i drafts, as plain decoding would have processed it had it emitted them."""
-        if self.params.greedy and not self.processors:  # the common case: one kernel, one sync
+        if self.params.greedy and not self.processors:  # the common case: the drafts compared on the host, one sync
             return greedy_accept(logits, draft.tokens)
         drafts = torch.as_tensor(draft.tokens, dtype=torch.long, device=logits.device)  # (k,)
         if self.processors:

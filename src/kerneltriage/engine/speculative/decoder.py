@@ -94,8 +94,8 @@ class SpeculativeDecoder:
         (auto depth) and a lookup drafter finds nothing after the last token read (it drafts after every token,
         `_follow`); the step queued when that changes is still read, and the next step drafts after it — a draft
         that missed that token would not have paid its verify. A model drafter, which costs a forward to ask, and a
-        fixed depth get one step at a time while drafting is on. A step's cost is the time between
-        two tokens arriving: the device's step when the host keeps up."""
+        fixed depth get one step at a time while drafting is on. A step's cost is the time between two tokens
+        arriving: the device's step when the host keeps up."""
         position = len(context) - 1  # where the token being fed goes
         token = sampler(runner.decode(context[-1], position))
         last = time.perf_counter()
@@ -133,9 +133,8 @@ class SpeculativeDecoder:
         for position, hit in self.shadow.score(context[-1]):
             self.stats.record_shadow(position, hit)
             self.controller.observe_shadow(position, hit)
-        self.drafted = self.drafter.draft(context, self.controller.deepest, sampler)
-        if self.drafted is not None:  # a tree is shadowed along its first path (shadows score one sequence)
-            draft = self.drafted
+        draft = self.drafted = self.drafter.draft(context, self.controller.deepest, sampler)
+        if draft is not None:  # a tree is shadowed along its first path (shadows score one sequence)
             self.shadow.start(draft.tree.first_path() if draft.tree else list(draft.tokens))
 
     def step(self, runner: "Steps", context: list[int], k: int, sampler: "Sampler", rows: int = 0) -> list[int] | None:
