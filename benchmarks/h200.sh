@@ -11,6 +11,8 @@
 #   distill-train   a 2-layer draft distilled from the default model (training only: may share the host)
 #   llamacpp        the decode set beside llama.cpp on the same GGUF at depths 0, 2048, 4096 (waits for the build)
 #   prefill-graphs  ab of prefill_graphs alone on the default model
+#   fused-tests     tests/test_fused_layer.py on the GPU (the kernels compiled, not interpreted)
+#   verify-tiles    the verify GEMVs' tile and pipelining candidates (benchmarks/verify_tiles_probe.py; no model needed)
 #   spec-profile    where a speculative verify step's time goes (benchmarks/spec_profile.py), two prompt sets
 #   quantized       ab of the quantized GEMV on the default model
 #   kernels         kernel run of split_kv_attention and silu_gemv (IEEE float32; needs the model)
@@ -87,6 +89,8 @@ case "$1" in
   prefill-graphs)  # prefill_graphs alone on the real model (pdl alone: ab-default-h200-pdl.json, 2026-12-01)
     step 150 "${kt[@]}" ab --a "levers=${FUSED/,prefill_graphs/}" --b "levers=$FUSED" -p 512 -n 128 -r 8 \
       --output json --ledger "$L" > "$OUT/ab-default-h200-prefill-graphs.json" ;;
+  fused-tests) step 300 python3 -m pytest -q tests/test_fused_layer.py > "$OUT/gpu-fused-layer-h200.txt" 2>&1 ;;
+  verify-tiles) step 400 python3 benchmarks/verify_tiles_probe.py --out "$OUT/verify-tiles-smollm2-preset-h200.json" ;;
   spec-profile)  # where a verify step's time goes: the decoder's calls on the host, the verify's kernels
     for set in repetitive open_ended; do
       step 120 python3 benchmarks/spec_profile.py --set $set --out "$OUT/spec-profile-$set-h200.json" > /dev/null
@@ -131,10 +135,10 @@ case "$1" in
       "${llama[@]}" -p 512 -n 128 -d 0,2048 -r 5 --output json --ledger "$L" > "$OUT/bench-default-h200-mlx.json"
     step 240 "${kt[@]}" triage --backend mlx --device cuda --dtype float16 --output json \
       --html "$OUT/triage-default-h200-mlx.html" --ledger "$L" > "$OUT/triage-default-h200-mlx.json" ;;
-  *) echo "usage: bash benchmarks/h200.sh STEP... (steps: smoke 8b 8b-table 8b-triaged 8b-triage default default-table default-triaged default-triage gpu-tests probe wait-build distill-train llamacpp-build llamacpp prefill-graphs spec-profile quantized kernels spec distill sources mlx-tf32 mlx)" >&2
+  *) echo "usage: bash benchmarks/h200.sh STEP... (steps: smoke 8b 8b-table 8b-triaged 8b-triage default default-table default-triaged default-triage gpu-tests fused-tests verify-tiles probe wait-build distill-train llamacpp-build llamacpp prefill-graphs spec-profile quantized kernels spec distill sources mlx-tf32 mlx)" >&2
      exit 2 ;;
 esac
 }
 [ $# -gt 0 ] || run_step usage
 for name in "$@"; do run_step "$name"; done
-[ -n "${NO_TAR:-}" ] || tar czf "$OUT/$(IFS=-; echo "$*").tgz" -C "$OUT" $(cd "$OUT" && ls -d ab-* bench-* triage-* spec-* fused-* mlx-* kernel-* gpu-* distill-* ledger-h200.db 2>/dev/null) 2>/dev/null
+[ -n "${NO_TAR:-}" ] || tar czf "$OUT/$(IFS=-; echo "$*").tgz" -C "$OUT" $(cd "$OUT" && ls -d ab-* bench-* triage-* spec-* fused-* mlx-* kernel-* gpu-* distill-* verify-* ledger-h200.db 2>/dev/null) 2>/dev/null

@@ -1,10 +1,12 @@
-"""The `fused_layer` GEMV tiles for speculative verify rows (9 and 17: k = 8 and 16, padded to 16 and 32), CUDA only.
+"""The `fused_layer` GEMV tiles for speculative verify rows (9 and 16: k = 8 and 15, both padded to 16), CUDA only.
 
 Why: on the H200 a 9-row verify of the default model took 1,537 µs against a plain step's 561 µs
 (`spec-profile-repetitive-h200.json`): its GEMVs went through tl.dot in 16 × 16 × 128 tiles, ~30–100 programs each
 looping over K, 4× slower per launch than the one-row path. Each candidate below replaces `fused_layer._tiles`
-(rows, n, k) → (padded rows, columns per program, K per load round); a tile with 16+ rows and 16+ columns runs
-tl.dot, any other the CUDA cores' broadcast product. Per candidate: µs per graphed verify (200 replays queued)
+(rows, n, k) → `Tiles` (padded rows, columns per program, K per load round, rounds, rounds in flight); a tile with
+16+ rows and 16+ columns runs tl.dot, any other the CUDA cores' broadcast product. The first round (2026-11-30,
+verify-tiles-smollm2-preset-h200.json) chose 16 × 256 from one round at a time; the second adds the rounds in
+flight (the K loop pipelined, 2026-12-01). Per candidate: µs per graphed verify (200 replays queued)
 and per plain step, and the float32 verify logits' largest difference from the stock layers' (no fused_layer).
 
     python3 benchmarks/verify_tiles_probe.py --model smollm2-135m --out verify-tiles.json
@@ -31,23 +33,23 @@ POSITION, ITERS = 300, 200
 CURRENT = fused_layer._tiles
 
 
-def candidate(bn: int, bk: int, tile: int = 0):  # noqa: ANN201
-    """Tiles for ≥ 16 padded rows: `bn` columns, K in rounds of `bk` (at most K, padded to a power of two); with
-    `tile` > 0, BK = tile / (rows · bn) instead. Fewer rows keep the current one-row tiles."""
-    def tiles(rows: int, n: int, k: int) -> tuple[int, int, int]:
+def candidate(bn: int, bk: int, stages: int):  # noqa: ANN201
+    """Tiles for ≥ 16 padded rows: `bn` columns, K in rounds of `bk` (at most K, padded to a power of two),
+    `stages` rounds in flight (Triton's software pipelining; 1: one round at a time, as before 2026-12-01).
+    Fewer rows keep the current one-row tiles."""
+    def tiles(rows: int, n: int, k: int) -> fused_layer.Tiles:
         padded = triton.next_power_of_2(rows)
         if padded < fused_layer.DOT_ROWS:
             return CURRENT(rows, n, k)
-        size = max(16, tile // (padded * bn)) if tile else bk
-        return padded, bn, min(triton.next_power_of_2(k), size)
+        size = min(triton.next_power_of_2(k), bk)
+        return fused_layer.Tiles(padded, bn, size, triton.cdiv(k, size), stages)
     return tiles
 
 
 CANDIDATES = {
-    "current": CURRENT,
-    "dot16x256": candidate(16, 256), "dot16x512": candidate(16, 512), "dot16x1024": candidate(16, 1024),
-    "cc4x128": candidate(4, 128), "cc2x256": candidate(2, 256), "cc1x512": candidate(1, 512),
-    "cc2x512": candidate(2, 512), "cc4x256": candidate(4, 256), "cc1x1024": candidate(1, 1024),
+    "current": CURRENT, "dot16x256s1": candidate(16, 256, 1), "dot16x256s2": candidate(16, 256, 2),
+    "dot16x256s4": candidate(16, 256, 4), "dot16x128s4": candidate(16, 128, 4), "dot16x128s6": candidate(16, 128, 6),
+    "dot16x64s8": candidate(16, 64, 8), "dot16x512s2": candidate(16, 512, 2), "dot32x256s3": candidate(32, 256, 3),
 }
 
 
@@ -78,7 +80,7 @@ def main() -> None:
     checkpoint = load_checkpoint(args.model)
     result = {"benchmark": "verify-tiles", "model": args.model, "position": POSITION, "rows": {},
               "environment": capture_environment()}
-    for rows in (9, 17):
+    for rows in (9, 16):
         _, reference = verify_logits(checkpoint, STOCK, "float32", rows)
         drafts = list(range(7, 7 + rows - 1))
         stock, _ = verify_logits(checkpoint, STOCK, "bfloat16", rows)

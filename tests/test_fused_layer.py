@@ -67,6 +67,20 @@ def test_layer_matches_stock(arch: str, rows: int, depth: int, static: bool) -> 
         assert torch.allclose(getattr(got_cache, name), getattr(want_cache, name), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 17])
+def test_layer_matches_stock_with_k_in_several_rounds(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """K read in 2–6 rounds (the tiny model's K fits one): the RMS over rounds, the pipelined tl.dot loop."""
+    from kerneltriage.kernels import fused_layer
+
+    monkeypatch.setattr(fused_layer, "DOT_BK", 32)
+    monkeypatch.setattr(fused_layer, "TILE", 64)
+    assert fused_layer._tiles(rows, 64, 96).rounds >= 3
+    stock, fused = _runner(), _fused(_runner())
+    want, _ = _layer_run(stock, StaticKVCache, rows, 33, 128)
+    got, _ = _layer_run(fused, StaticKVCache, rows, 33, 128)
+    assert (got - want).abs().max() / want.abs().max() < 2e-5
+
+
 def test_greedy_tokens_and_counts_through_the_model() -> None:
     prompt = list(range(3, 40))  # a prompt longer than 32 rows: prefill takes the stock layer
     plain = list(generate_step(_runner(), prompt, SamplingParams(), 5))
@@ -135,7 +149,10 @@ def test_pdl_needs_fused_layer_and_cuda() -> None:
 
 
 # Every fused kernel built for sm_90 (Triton's compiler and its bundled ptxas; no GPU needed) with PDL on and off:
-# the GPU build the interpreter never runs. Run apart from this process, where conftest may have set the interpreter.
+# the GPU build the interpreter never runs. Pointers and ints are taken 16-divisible, as a launch specialises them
+# (without that Triton neither vectorises nor pipelines the loads). The verify tiles' K rounds must be pipelined
+# (cp.async) with PDL's wait ahead of every load of x. Run apart from this process, where conftest may have set
+# the interpreter.
 SM90_BUILD = """
 import sys
 import triton
@@ -145,18 +162,27 @@ from kerneltriage.kernels import fused_layer as f
 
 pdl = sys.argv[1] == "1"
 FP32, I64 = ("m_ptr", "l_ptr", "acc_ptr"), ("ids_ptr",)
-for rows, bn, bk in ((1, 4, 1024), (16, 16, 128)):  # a decode row (CUDA-core sums), a k = 15 verify (tl.dot)
-    consts_all = {"T": rows, "ROWS": rows, "G": 3, "RP": 64, "DP": 64, "SP": 4, "BN": bn, "BK": bk, "BLOCK": 64,
-                  "HQ": 9, "HKV": 3, "DIM": 64, "BP": bn, "HAS_BIAS": False, "PDL": pdl}
+for rows in (1, 16):  # a decode row (CUDA-core sums), a k = 15 verify (tl.dot, K rounds pipelined)
+    t = f._tiles(rows, 576, 576)
+    consts_all = {"T": rows, "ROWS": t.rows, "G": 3, "RP": 64, "DP": 64, "SP": 4, "BN": t.bn, "BK": t.bk,
+                  "ROUNDS": t.rounds, "STAGES": t.stages, "BLOCK": 64, "HQ": 9, "HKV": 3, "DIM": 64, "BP": t.bn,
+                  "HAS_BIAS": False, "PDL": pdl}
     for fn in (f._qkv_rope_cache, f._attend, f._combine, f._gemv_residual, f._gate_up):
         names = fn.arg_names
         consts = {n: consts_all[n] for n in names if n in consts_all}
         sig = {n: "constexpr" if n in consts else "*fp32" if n in FP32 else "*i64" if n in I64 else "*bf16"
                if n.endswith("_ptr") else "fp32" if n in ("eps", "scale") else "i32" for n in names}
-        kernel = triton.compile(ASTSource(fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
-                                options={"launch_pdl": pdl})
-        assert ("griddepcontrol.wait" in kernel.asm["ptx"]) == pdl, fn.__name__
-        print(fn.__name__, rows, len(kernel.asm["cubin"]))
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n] not in ("constexpr", "fp32")}
+        kernel = triton.compile(ASTSource(fn, signature=sig, constexprs=consts, attrs=attrs),
+                                target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl})
+        ptx = kernel.asm["ptx"].splitlines()
+        waits = [i for i, line in enumerate(ptx) if "griddepcontrol.wait" in line]
+        assert bool(waits) == pdl, fn.__name__
+        copies = [i for i, line in enumerate(ptx) if "cp.async.cg" in line or "cp.async.ca" in line]
+        if rows > 1 and fn.__name__ != "_attend" and fn.__name__ != "_combine":
+            assert t.rounds > 1 and copies, (fn.__name__, "K rounds not pipelined")
+            assert not pdl or waits[0] < copies[0], (fn.__name__, "a pipelined load ahead of PDL's wait")
+        print(fn.__name__, rows, len(kernel.asm["cubin"]), len(copies))
 """
 
 

@@ -16,8 +16,8 @@ their count, and attention that reads only the filled cache, split across the SM
 6. `_gemv_residual`: down GEMV → + residual.
 
 Arithmetic follows the stock ops' roundings (the activation dtype after each op the stock model rounds at), with
-float32 accumulation; GEMVs are broadcast products summed in float32 (no tensor cores, no TF32), so float32 runs
-compute what stock computes, reordered.
+float32 accumulation; a decode row's GEMVs are broadcast products summed in float32, a verify's (16+ rows) go
+through tl.dot in IEEE float32 (never TF32), so float32 runs compute what stock computes, reordered.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ import triton.language as tl
 
 MAX_ROWS = 32  # decode (1) and speculative verify (k + 1 ≤ 17 for suffix:16) rows; prompts take the stock layer
 BN = 4  # output columns (q/k/v: rotation pairs) per GEMV program
-DOT_ROWS, DOT_BN, DOT_BK = 16, 16, 256  # from 16 padded rows the GEMVs use tl.dot (`_gemv2`), in these tiles
+DOT_ROWS, DOT_BN, DOT_BK = 16, 16, 64  # from 16 padded rows the GEMVs use tl.dot (`_gemv2`), in these tiles,
+DOT_STAGES = 8  # with this many rounds of K in flight (Triton's software pipelining; `_tiles` has the numbers)
 TILE = 8192  # elements of a GEMV program's (rows, columns, K) tile per weight: registers, not shared memory
 WIDE = 8192  # weight elements a program holds at once above which it runs 8 warps instead of 4
 BLOCK_S = 64  # keys per attention tile
@@ -47,54 +48,56 @@ def _rnd(v, dt: tl.constexpr):
 
 
 @triton.jit
-def _inv_rms(x_ptr, sx, r, r_ok, k, eps, ROWS: tl.constexpr, BK: tl.constexpr):
+def _inv_rms(x_ptr, sx, r, r_ok, k, eps, ROWS: tl.constexpr, BK: tl.constexpr, ROUNDS: tl.constexpr,
+             STAGES: tl.constexpr):
     """1 / rms of each row of x (ROWS, k), in float32."""
     ss = tl.zeros((ROWS,), tl.float32)
-    k0 = 0
-    while k0 < k:  # (not `range`: Triton's interpreter cannot index with a runtime int)
-        kk = k0 + tl.arange(0, BK)
+    for i in tl.range(0, ROUNDS, num_stages=STAGES):
+        kk = i * BK + tl.arange(0, BK)
         x = tl.load(x_ptr + r[:, None] * sx + kk[None, :], mask=r_ok[:, None] & (kk < k)[None, :], other=0.0)
         x = x.to(tl.float32)
         ss += tl.sum(x * x, 1)
-        k0 += BK
     return tl.rsqrt(ss / k + eps)
 
 
 @triton.jit
 def _gemv2(x_ptr, sx, wa_ptr, wb_ptr, sw, cols_a, cols_b, n_ok, r, r_ok, k, eps, nw_ptr, dt: tl.constexpr,
-           NORM: tl.constexpr, TWO: tl.constexpr, ONE: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
-           BK: tl.constexpr, PDL: tl.constexpr):
+           NORM: tl.constexpr, TWO: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+           ROUNDS: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
     """(ROWS, BN) float32 twice: x (ROWS, k) · Wa[cols_a]ᵀ and (when TWO) x · Wb[cols_b]ᵀ, both weights' tiles
-    loaded in the same round. With NORM, x is first RMS-normalised and weighted as the stock RMSNorm rounds it
-    (normed → dtype, × weight → dtype); ONE: K fits one tile (x is read once, its RMS from the same load).
-    PDL: the weights (which no kernel writes) are requested before waiting for the previous kernel, x after.
-    From 16 rows (a k ≥ 8 verify) the products go through tl.dot (tensor cores; IEEE float32 for float32
-    weights), whose tiles `_tiles` sizes at 16 columns and ≤ 256 of K; fewer rows are summed on the CUDA cores."""
+    loaded in the same round, K in ROUNDS rounds of BK (STAGES of them in flight at once). With NORM, x is first
+    RMS-normalised and weighted as the stock RMSNorm rounds it (normed → dtype, × weight → dtype); in one round,
+    its RMS comes from the same load. From 16 rows and 16 columns (a k ≥ 8 verify) the products go through tl.dot
+    (tensor cores; IEEE float32 for float32 weights); fewer are summed on the CUDA cores.
+    PDL: in one round the weights (which no kernel writes) are requested before waiting for the previous kernel,
+    x after; where x is read before the weights (its RMS over several rounds) or the rounds are pipelined (the
+    pipeliner hoists the first rounds' loads of x), the wait comes first."""
+    DOT: tl.constexpr = ROWS >= 16 and BN >= 16  # tl.dot's smallest tile
+    EARLY: tl.constexpr = PDL and (DOT or (NORM and ROUNDS > 1))
     acc_a = tl.zeros((ROWS, BN), tl.float32)
     acc_b = tl.zeros((ROWS, BN), tl.float32)
     inv = tl.full((ROWS,), 1.0, tl.float32)
-    if NORM and not ONE:
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-        inv = _inv_rms(x_ptr, sx, r, r_ok, k, eps, ROWS, BK)
-    k0 = 0
-    while k0 < k:
-        kk = k0 + tl.arange(0, BK)
+    if EARLY:
+        tl.extra.cuda.gdc_wait()
+    if NORM and ROUNDS > 1:
+        inv = _inv_rms(x_ptr, sx, r, r_ok, k, eps, ROWS, BK, ROUNDS, STAGES)
+    for i in tl.range(0, ROUNDS, num_stages=STAGES):
+        kk = i * BK + tl.arange(0, BK)
         k_ok = kk < k
         w_ok = n_ok[:, None] & k_ok[None, :]
         wa = tl.load(wa_ptr + cols_a[:, None] * sw + kk[None, :], mask=w_ok, other=0.0)
         if TWO:
             wb = tl.load(wb_ptr + cols_b[:, None] * sw + kk[None, :], mask=w_ok, other=0.0)
-        if PDL:
-            tl.extra.cuda.gdc_wait()  # x is the previous kernel's output (a no-op once it has completed)
+        if PDL and not EARLY:
+            tl.extra.cuda.gdc_wait()  # x is the previous kernel's output
         x = tl.load(x_ptr + r[:, None] * sx + kk[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
         x = x.to(tl.float32)
         if NORM:
-            if ONE:
+            if ROUNDS == 1:
                 inv = tl.rsqrt(tl.sum(x * x, 1) / k + eps)
             nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
             x = _rnd(_rnd(x * inv[:, None], dt) * nw[None, :], dt)
-        if ROWS >= 16 and BN >= 16:  # tl.dot's smallest tile: tensor cores (x is exact in the weights' dtype)
+        if DOT:  # tensor cores (x is exact in the weights' dtype)
             acc_a += tl.dot(x.to(wa.dtype), tl.trans(wa), input_precision="ieee")
             if TWO:
                 acc_b += tl.dot(x.to(wb.dtype), tl.trans(wb), input_precision="ieee")
@@ -102,7 +105,6 @@ def _gemv2(x_ptr, sx, wa_ptr, wb_ptr, sw, cols_a, cols_b, n_ok, r, r_ok, k, eps,
             acc_a += tl.sum(x[:, None, :] * wa.to(tl.float32)[None, :, :], 2)
             if TWO:
                 acc_b += tl.sum(x[:, None, :] * wb.to(tl.float32)[None, :, :], 2)
-        k0 += BK
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start requesting its weights
     return acc_a, acc_b
@@ -112,7 +114,8 @@ def _gemv2(x_ptr, sx, wa_ptr, wb_ptr, sw, cols_a, cols_b, n_ok, r, r_ok, k, eps,
 def _qkv_rope_cache(x_ptr, nw_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, ids_ptr, q_ptr, k_ptr, v_ptr,
                     eps, hidden, sx, sw, sc, sq_t, sq_h, sk_h, sk_s, sv_h, sv_s,
                     T: tl.constexpr, ROWS: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, DIM: tl.constexpr,
-                    BP: tl.constexpr, BK: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+                    BP: tl.constexpr, BK: tl.constexpr, ROUNDS: tl.constexpr, STAGES: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
     HALF: tl.constexpr = DIM // 2
     dt: tl.constexpr = q_ptr.dtype.element_ty
     p = tl.program_id(0) * BP + tl.arange(0, BP)  # rotation pairs (j, j + HALF) of every head, q then k then v
@@ -122,7 +125,7 @@ def _qkv_rope_cache(x_ptr, nw_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, ids_ptr, q_pt
     r = tl.arange(0, ROWS)
     r_ok = r < T
     lo, hi = _gemv2(x_ptr, sx, w_ptr, w_ptr, sw, lo_col, lo_col + HALF, p_ok, r, r_ok, hidden, eps, nw_ptr, dt,
-                    True, True, BK >= hidden, ROWS, BP, BK, PDL)
+                    True, True, ROWS, BP, BK, ROUNDS, STAGES, PDL)
     if HAS_BIAS:
         lo += tl.load(b_ptr + lo_col, mask=p_ok, other=0.0).to(tl.float32)[None, :]
         hi += tl.load(b_ptr + lo_col + HALF, mask=p_ok, other=0.0).to(tl.float32)[None, :]
@@ -232,11 +235,12 @@ def _tile(n, T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr):
 
 @triton.jit
 def _gate_up(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, eps, hidden, n, sx, sw, so,
-             T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
+             T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ROUNDS: tl.constexpr,
+             STAGES: tl.constexpr, PDL: tl.constexpr):
     dt: tl.constexpr = out_ptr.dtype.element_ty
     cols, n_ok, r, r_ok = _tile(n, T, ROWS, BN)
     gate, up = _gemv2(x_ptr, sx, wg_ptr, wu_ptr, sw, cols, cols, n_ok, r, r_ok, hidden, eps, nw_ptr, dt, True, True,
-                      BK >= hidden, ROWS, BN, BK, PDL)
+                      ROWS, BN, BK, ROUNDS, STAGES, PDL)
     gate, up = _rnd(gate, dt), _rnd(up, dt)
     act = _rnd(gate * tl.sigmoid(gate), dt) * up
     tl.store(out_ptr + r[:, None] * so + cols[None, :], act.to(dt), mask=r_ok[:, None] & n_ok[None, :])
@@ -244,27 +248,42 @@ def _gate_up(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, eps, hidden, n, sx, sw, so,
 
 @triton.jit
 def _gemv_residual(x_ptr, w_ptr, res_ptr, out_ptr, k, n, sx, sw, sr, so,
-                   T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
+                   T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ROUNDS: tl.constexpr,
+                   STAGES: tl.constexpr, PDL: tl.constexpr):
     dt: tl.constexpr = out_ptr.dtype.element_ty
     cols, n_ok, r, r_ok = _tile(n, T, ROWS, BN)
-    y, _ = _gemv2(x_ptr, sx, w_ptr, w_ptr, sw, cols, cols, n_ok, r, r_ok, k, 0.0, x_ptr, dt, False, False, BK >= k,
-                  ROWS, BN, BK, PDL)
+    y, _ = _gemv2(x_ptr, sx, w_ptr, w_ptr, sw, cols, cols, n_ok, r, r_ok, k, 0.0, x_ptr, dt, False, False, ROWS, BN,
+                  BK, ROUNDS, STAGES, PDL)
     both = r_ok[:, None] & n_ok[None, :]
     res = tl.load(res_ptr + r[:, None] * sr + cols[None, :], mask=both, other=0.0).to(tl.float32)
     tl.store(out_ptr + r[:, None] * so + cols[None, :], (res + _rnd(y, dt)).to(dt), mask=both)
 
 
-def _tiles(rows: int, n: int, k: int) -> tuple[int, int, int]:
-    """(ROWS, BN, BK) for a GEMV of `rows` rows: whole K in one tile where the tile fits (one round of loads per
-    program: these GEMVs are latency-bound), BN output columns per program (many programs: on the default model's
+class Tiles(NamedTuple):
+    """A GEMV's tiling: rows padded to ROWS, BN output columns per program, K in `rounds` rounds of BK, `stages`
+    rounds' loads in flight at once (1: one round at a time)."""
+
+    rows: int
+    bn: int
+    bk: int
+    rounds: int
+    stages: int
+
+
+def _tiles(rows: int, n: int, k: int) -> Tiles:
+    """Tiles for a GEMV of `rows` rows: whole K in one tile where the tile fits (one round of loads per program:
+    these GEMVs are latency-bound), BN output columns per program (many programs: on the default model's
     576-wide projections 4 columns per program gave 1,035 tok/s, 8 gave 993 and 16 gave 835, and a tile of 8,192
     or 32,768 elements the same 1,034; H200, `fused-layer-probe-h200-first.json`)."""
     padded = triton.next_power_of_2(rows)
-    if padded >= DOT_ROWS:  # tl.dot: 16 columns at least, K in rounds of 256 — a graphed 9-row verify of the
-        # default model took 1,191 µs with 256, 1,304 with 512, 1,528 with 128 (the first choice), 5,675 with 1,024;
-        # the CUDA cores' broadcast product at 16 rows 1,599–3,429 (H200, verify-tiles-smollm2-preset-h200.json)
-        return padded, DOT_BN, min(triton.next_power_of_2(k), DOT_BK)
-    return padded, BN, min(triton.next_power_of_2(k), max(16, TILE // (padded * BN)))
+    if padded >= DOT_ROWS:  # tl.dot: 16 columns at least, K in rounds of 64, 8 in flight — a graphed verify of the
+        # default model (9 / 16 rows) took 741 / 814 µs so, 816 / 836 with rounds of 256 (3 in flight), 1,050 / 1,198
+        # with one round of 256 at a time (the first choice), 2,419 / 1,371 with 512 (2 in flight); a plain step
+        # 541 (H200, verify-tiles-smollm2-preset-h200-pipelined.json; round one: verify-tiles-smollm2-preset-h200.json)
+        bk = min(triton.next_power_of_2(k), DOT_BK)
+        return Tiles(padded, DOT_BN, bk, triton.cdiv(k, bk), DOT_STAGES)
+    bk = min(triton.next_power_of_2(k), max(16, TILE // (padded * BN)))
+    return Tiles(padded, BN, bk, triton.cdiv(k, bk), 1)
 
 
 def _warps(weight_elements: int) -> int:
@@ -330,15 +349,16 @@ def layer(x: torch.Tensor, w: Weights, shape: Shape, cos: torch.Tensor, sin: tor
     rows, hidden = x.shape
     heads, kv_heads, dim = shape
     group, half = heads // kv_heads, dim // 2
-    padded, bp, bk = _tiles(rows, 2 * half, hidden)
+    qkv = _tiles(rows, 2 * half, hidden)
     q = x.new_empty(rows, heads, dim)
     pairs = (heads + 2 * kv_heads) * half
     bias = w.qkv_bias if w.qkv_bias is not None else w.qkv
-    _qkv_rope_cache[(triton.cdiv(pairs, bp),)](
+    _qkv_rope_cache[(triton.cdiv(pairs, qkv.bn),)](
         x, w.input_norm, w.qkv, bias, cos, sin, ids, q, keys, values, w.eps, hidden, x.stride(0),
         w.qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0),
-        values.stride(1), T=rows, ROWS=padded, HQ=heads, HKV=kv_heads, DIM=dim, BP=bp, BK=bk,
-        HAS_BIAS=w.qkv_bias is not None, PDL=pdl, launch_pdl=pdl, num_warps=_warps(2 * bp * bk))
+        values.stride(1), T=rows, ROWS=qkv.rows, HQ=heads, HKV=kv_heads, DIM=dim, BP=qkv.bn, BK=qkv.bk,
+        ROUNDS=qkv.rounds, STAGES=qkv.stages, HAS_BIAS=w.qkv_bias is not None, PDL=pdl, launch_pdl=pdl,
+        num_warps=_warps(2 * qkv.bn * qkv.bk))
     chunk, splits = _splits(upper, kv_heads, x.device)
     rp, dp = max(ROWS_MIN, triton.next_power_of_2(group * rows)), max(16, triton.next_power_of_2(dim))
     m = torch.empty(kv_heads * splits * rp, device=x.device, dtype=torch.float32)
@@ -354,10 +374,11 @@ def layer(x: torch.Tensor, w: Weights, shape: Shape, cos: torch.Tensor, sin: tor
     h = _residual(attended, w.o_proj, x, pdl)
     inter = w.gate.shape[0]
     act = x.new_empty(rows, inter)
-    _, bn, bk = _tiles(rows, inter, hidden)
-    _gate_up[(triton.cdiv(inter, bn),)](
+    mlp = _tiles(rows, inter, hidden)
+    _gate_up[(triton.cdiv(inter, mlp.bn),)](
         h, w.post_norm, w.gate, w.up, act, w.eps, hidden, inter, h.stride(0), w.gate.stride(0), act.stride(0),
-        T=rows, ROWS=padded, BN=bn, BK=bk, PDL=pdl, launch_pdl=pdl, num_warps=_warps(2 * bn * bk))
+        T=rows, ROWS=mlp.rows, BN=mlp.bn, BK=mlp.bk, ROUNDS=mlp.rounds, STAGES=mlp.stages, PDL=pdl, launch_pdl=pdl,
+        num_warps=_warps(2 * mlp.bn * mlp.bk))
     return _residual(act, w.down, h, pdl)
 
 
@@ -365,8 +386,9 @@ def _residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, pdl
     """residual + x · weightᵀ, the product rounded to the activation dtype first (as stock's linear, then add)."""
     (rows, k), n = x.shape, weight.shape[0]
     out = torch.empty_like(residual)
-    padded, bn, bk = _tiles(rows, n, k)
-    _gemv_residual[(triton.cdiv(n, bn),)](x, weight, residual, out, k, n, x.stride(0), weight.stride(0),
-                                          residual.stride(0), out.stride(0), T=rows, ROWS=padded, BN=bn, BK=bk,
-                                          PDL=pdl, launch_pdl=pdl, num_warps=_warps(bn * bk))
+    t = _tiles(rows, n, k)
+    _gemv_residual[(triton.cdiv(n, t.bn),)](x, weight, residual, out, k, n, x.stride(0), weight.stride(0),
+                                            residual.stride(0), out.stride(0), T=rows, ROWS=t.rows, BN=t.bn, BK=t.bk,
+                                            ROUNDS=t.rounds, STAGES=t.stages, PDL=pdl, launch_pdl=pdl,
+                                            num_warps=_warps(t.bn * t.bk))
     return out
