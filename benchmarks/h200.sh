@@ -17,6 +17,8 @@
 #   quantized       ab of the quantized GEMV on the default model
 #   kernels         kernel run of split_kv_attention and silu_gemv (IEEE float32; needs the model)
 #   spec            suffix speculation vs the fused set on the four prompt sets (needs the model)
+#   spec-float32    suffix speculation in float32 on repetitive and copy_heavy (exactness: identical tokens)
+#   ngram           n-gram lookup speculation on open_ended, repetitive, copy_heavy
 #   distill         ab of spec=draft:(the distilled draft) on the four prompt sets (trains it first if needed)
 #   sources         ab of spec=ngram and spec=draft:(the distilled draft) on copy_heavy and open_ended
 #   mlx-tf32        mlx-lm's float16 decode with MLX_ENABLE_TF32 1 and 0 (needs all four parts)
@@ -109,6 +111,18 @@ case "$1" in
         --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r 5 --output json --ledger "$L" \
         > "$OUT/spec-$set-h200-suffix-fused.json"
     done ;;
+  spec-float32)  # issue 14's exactness: suffix in float32 (tokens identical to plain decode's) on two sets
+    for set in repetitive copy_heavy; do
+      step 150 "${kt[@]}" ab --dtype float32 --a "levers=$FUSED" --b "levers=${FUSED%,one_sync};spec=suffix" \
+        --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r 5 --output json --ledger "$L" \
+        > "$OUT/spec-$set-h200-suffix-fused-float32.json"
+    done ;;
+  ngram)  # issue 14's n-gram lookup (prompt lookup decoding) beside suffix, on the sets where they differ most
+    for set in open_ended repetitive copy_heavy; do
+      step 120 "${kt[@]}" ab --a "levers=$FUSED" --b "levers=${FUSED%,one_sync};spec=ngram" \
+        --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r 5 --output json --ledger "$L" \
+        > "$OUT/spec-$set-h200-ngram-fused.json"
+    done ;;
   distill)  # issue 14's trained drafter (distill-train first), ab of spec=draft:it on every prompt set
     [ -d /tmp/kt-draft ] || run_step distill-train
     for set in copy_heavy repetitive summarize open_ended; do
@@ -135,7 +149,7 @@ case "$1" in
       "${llama[@]}" -p 512 -n 128 -d 0,2048 -r 5 --output json --ledger "$L" > "$OUT/bench-default-h200-mlx.json"
     step 240 "${kt[@]}" triage --backend mlx --device cuda --dtype float16 --output json \
       --html "$OUT/triage-default-h200-mlx.html" --ledger "$L" > "$OUT/triage-default-h200-mlx.json" ;;
-  *) echo "usage: bash benchmarks/h200.sh STEP... (steps: smoke 8b 8b-table 8b-triaged 8b-triage default default-table default-triaged default-triage gpu-tests fused-tests verify-tiles probe wait-build distill-train llamacpp-build llamacpp prefill-graphs spec-profile quantized kernels spec distill sources mlx-tf32 mlx)" >&2
+  *) echo "usage: bash benchmarks/h200.sh STEP... (steps: smoke 8b 8b-table 8b-triaged 8b-triage default default-table default-triaged default-triage gpu-tests fused-tests verify-tiles probe wait-build distill-train llamacpp-build llamacpp prefill-graphs spec-profile quantized kernels spec spec-float32 ngram distill sources mlx-tf32 mlx)" >&2
      exit 2 ;;
 esac
 }

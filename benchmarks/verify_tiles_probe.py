@@ -50,6 +50,8 @@ CANDIDATES = {
     "current": CURRENT, "dot16x256s1": candidate(16, 256, 1), "dot16x256s2": candidate(16, 256, 2),
     "dot16x256s4": candidate(16, 256, 4), "dot16x128s4": candidate(16, 128, 4), "dot16x128s6": candidate(16, 128, 6),
     "dot16x64s8": candidate(16, 64, 8), "dot16x512s2": candidate(16, 512, 2), "dot32x256s3": candidate(32, 256, 3),
+    "dot16x32s8": candidate(16, 32, 8), "dot16x32s16": candidate(16, 32, 16), "dot16x64s4": candidate(16, 64, 4),
+    "dot16x64s12": candidate(16, 64, 12), "dot16x128s8": candidate(16, 128, 8),
 }
 
 

@@ -11,7 +11,7 @@ from statistics import median
 from kerneltriage.engine.speculative.config import AUTO_MAX_DEPTH, AUTO_START_DEPTH
 
 WARMUP_STEPS = 3  # verify steps between two judgements of the depth
-CALIBRATION_STEPS = 2  # plain steps that measure the plain step's cost before auto depth speculates
+CALIBRATION_STEPS = 2  # plain steps that measure the plain step's cost before auto depth first speculates
 DECAY = 0.8  # weight kept by older steps in the acceptance estimates: they follow the text within ~5 steps
 COST_WINDOW = 8  # costs are medians of the last steps: one slow step (a hiccup) decides nothing
 SHRINK_MARGIN = 0.02  # padded: the deepest k whose estimate is within this of the best one is kept
@@ -19,6 +19,7 @@ COOLDOWN_STEPS = 32  # plain steps after speculation is switched off, doubled at
 MAX_COOLDOWN = 512  # without shadows (a model) is re-probed after them; with shadows, they decide instead
 SHADOW_MIN = 4  # shadow tokens scored since the switch-off before they may switch speculation back on
 RESUME_SPEEDUP = 1.05  # estimated speed-up at which shadows switch it back on: above 1, so it does not flap
+SHADOW_PRIOR = 1.0  # hits and misses added at each position when shadows judge (Laplace's rule of succession)
 
 
 @dataclass(frozen=True)
@@ -60,12 +61,27 @@ class DepthController:
         self.row_costs: deque[float] = deque(maxlen=COST_WINDOW)  # verify seconds per row beyond the first
         self._reset_estimates()
 
+    def carry_over(self, earlier: "DepthController") -> None:
+        """Go on from an earlier run's controller on the same runner (same device, same verify rows): its measured
+        costs, so there are no calibration steps before the first draft, and whether speculation was off — a run
+        where drafts did not pay makes the next one start plain, to come back on through shadows (each run starting
+        with three verifies to judge cost a float32 copy-heavy set 4% on the H200, where a verify costs ~6 plain
+        steps). Acceptance and k start afresh: the text is new (an earlier text's misses at position 1 kept a k = 1
+        from growing again). A fixed depth carries nothing: it never decides."""
+        if not (self.adaptive and earlier.adaptive and earlier.max_depth == self.max_depth):
+            return
+        for mine, theirs in ((self.plain_costs, earlier.plain_costs), (self.draft_costs, earlier.draft_costs),
+                             (self.row_costs, earlier.row_costs)):
+            mine.extend(theirs)
+        self.plain_seen = min(earlier.plain_seen, CALIBRATION_STEPS)
+        self.off, self.cooldown, self.next_cooldown = earlier.off, earlier.cooldown, earlier.next_cooldown
+
     def _reset_estimates(self) -> None:
         """Acceptance starts afresh (the text may have changed); measured costs are kept."""
         self.reached = [0.0] * self.max_depth
         self.accepted = [0.0] * self.max_depth
         self.until_judged = WARMUP_STEPS
-        self.shadows = 0
+        self.shadows = self.reach = 0  # shadow tokens scored, and the positions they reached, since the reset
 
     @property
     def deepest(self) -> int:
@@ -77,10 +93,12 @@ class DepthController:
             return 0
         return self.depth
 
-    def observe_plain(self, seconds: float) -> None:
+    def observe_plain(self, seconds: float | None) -> None:
+        """A plain step taken; `seconds` its cost, None where it was not measured."""
         self.steps += 1
-        self.plain_seen += 1
-        self.plain_costs.append(seconds)
+        if seconds is not None:
+            self.plain_seen += 1
+            self.plain_costs.append(seconds)
         if self.off and self.cooldown:
             self.cooldown -= 1
             if not self.cooldown and self.shadows < SHADOW_MIN:  # no shadows to judge by: re-measure
@@ -97,11 +115,15 @@ class DepthController:
         if position < self.max_depth:
             self.reached[position] += 1
             self.accepted[position] += hit
+            self.reach = max(self.reach, position + 1)
         self.shadows += 1
         if not (self.adaptive and self.off and self.shadows >= SHADOW_MIN and self.row_costs):
             return
-        fastest, best, options = self._options(self.max_depth)
-        if options[fastest] >= RESUME_SPEEDUP:
+        # Judged at the depth the shadows reached, each rate with SHADOW_PRIOR: the shadows see a few tokens per
+        # position, and taken as they come (or the last one extrapolated to positions nobody saw) a lucky run of hits
+        # promised up to 16 tokens per verify — speculation flapped on and off where it loses.
+        if self.speedup(self.reach, SHADOW_PRIOR) >= RESUME_SPEEDUP:
+            _, best, options = self._options(self.max_depth)
             self.off, self.cooldown = False, 0
             self._decide(best, f"shadow drafts: {self.expected_tokens(best):.2f} tok/step, est. speed-up "
                                f"{options[best]:.2f}× at k={best}: speculation back on")
@@ -122,21 +144,22 @@ class DepthController:
         if self.adaptive and self.row_costs and self.until_judged <= 0:
             self._judge()
 
-    def expected_tokens(self, depth: int) -> float:
-        """E(depth); a position never reached takes the rate of the last one that was."""
+    def expected_tokens(self, depth: int, prior: float = 0.0) -> float:
+        """E(depth); a position never reached takes the rate of the last one that was. `prior`: that many hits and
+        as many misses added at each position (a rate seen a few times is pulled towards ½)."""
         tokens, chain, rate = 1.0, 1.0, 0.0
         for reached, accepted in zip(self.reached[:depth], self.accepted[:depth]):
-            rate = accepted / reached if reached > 1e-3 else rate
+            rate = (accepted + prior) / (reached + 2 * prior) if reached > 1e-3 else rate
             chain *= rate
             tokens += chain
         return tokens
 
-    def speedup(self, depth: int) -> float:
+    def speedup(self, depth: int, prior: float = 0.0) -> float:
         """Estimated E(depth)·plain / C(depth): above 1, speculating at this depth beats plain decode."""
         plain = median(self.plain_costs)
         rows = self.deepest if self.padded else depth
         cost = plain + depth * median(self.draft_costs) + rows * median(self.row_costs)
-        return self.expected_tokens(depth) * plain / cost
+        return self.expected_tokens(depth, prior) * plain / cost
 
     def _options(self, top: int) -> tuple[int, int, dict[int, float]]:
         """(the fastest k, the k to take, estimated speed-up per k ≤ top). Padded, any k costs the verify the same:

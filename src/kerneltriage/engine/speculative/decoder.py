@@ -40,6 +40,7 @@ class SpeculativeDecoder:
         self.shadow = Shadow()
         self.shadows = getattr(drafter, "shadows", False)  # drafting costs no forward: score it during plain steps
         self.drafted: Any = None  # the draft made after the last plain token (a lookup drafter, auto depth), if any
+        self.measured: Any = None  # the runner whose costs the controller holds
         self.reset_total()
 
     def reset_total(self) -> None:
@@ -64,7 +65,11 @@ class SpeculativeDecoder:
             raise InputError(f"--spec {self.speculation.source_text}: {TREE_GREEDY_ONLY}")
         rows = self.rows(runner)
         self.stats = SpecStats(self.speculation.source_text)
-        self.controller = DepthController(self.speculation.depth, self.deepest(runner), padded=rows > 0)
+        earlier, self.controller = self.controller, DepthController(self.speculation.depth, self.deepest(runner),
+                                                                     padded=rows > 0)
+        if runner is self.measured:  # its costs and acceptance so far are known (controller.carry_over)
+            self.controller.carry_over(earlier)
+        self.measured = runner
         self.drafter.reset(runner, start + count)
         self.shadow.clear()
         context = list(sampler.prompt) + [runner.read_later(sampler(logits)).result()]
@@ -108,7 +113,9 @@ class SpeculativeDecoder:
             context.append(pending.result())
             now = time.perf_counter()
             self.stats.record_plain(now - last)
-            self.controller.observe_plain(now - last)
+            # the last token's wait is no step's cost where steps run as they are queued (CPU: ~0, its step ran
+            # inside the previous token's decode call)
+            self.controller.observe_plain(now - last if more else None)
             last = now
             yield context[-1]
             self._follow(context, sampler)
