@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # This session's H200 records: `bash benchmarks/h200.sh STEP...` runs the steps in turn (each prints a line per
-# sub-step with its exit status and seconds; results land in $OUT, packed into $OUT/STEP1-STEP2….tgz as well since a
-# call returns at most 8 files).
+# sub-step with its exit status and seconds; results land in $OUT, packed into $OUT/0-STEP1-STEP2….tgz as well since a
+# call returns at most 8 files, the first by name: the archive sorts first).
 #   smoke           the CUDA code paths the CPU cannot run, on tiny shapes (~1 min)
 #   8b              the lever table of the llama3-8b preset under the one verdict rule, then its triage (no default
 #                   model needed); default: the same for the default model (needs both model parts)
@@ -155,4 +155,4 @@ esac
 }
 [ $# -gt 0 ] || run_step usage
 for name in "$@"; do run_step "$name"; done
-[ -n "${NO_TAR:-}" ] || tar czf "$OUT/$(IFS=-; echo "$*").tgz" -C "$OUT" $(cd "$OUT" && ls -d ab-* bench-* triage-* spec-* fused-* mlx-* kernel-* gpu-* distill-* verify-* ledger-h200.db 2>/dev/null) 2>/dev/null
+[ -n "${NO_TAR:-}" ] || tar czf "$OUT/0-$(IFS=-; echo "$*").tgz" -C "$OUT" $(cd "$OUT" && ls -d ab-* bench-* triage-* spec-* fused-* mlx-* kernel-* gpu-* distill-* verify-* ledger-h200.db 2>/dev/null) 2>/dev/null
