@@ -67,14 +67,21 @@ def test_layer_matches_stock(arch: str, rows: int, depth: int, static: bool) -> 
         assert torch.allclose(getattr(got_cache, name), getattr(want_cache, name), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 17])
-def test_layer_matches_stock_with_k_in_several_rounds(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """K read in 2–6 rounds (the tiny model's K fits one): the RMS over rounds, the pipelined tl.dot loop."""
+@pytest.mark.parametrize(("rows", "dot_bk", "tile", "partial"), [(1, 32, 64, False), (17, 32, 64, False),
+                                                                 (1, 64, 256, True), (17, 64, 256, True)])
+def test_layer_matches_stock_with_k_in_several_rounds(rows: int, dot_bk: int, tile: int, partial: bool,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """K read in several rounds (the tiny model's K fits one): the RMS over rounds and the pipelined tl.dot loop
+    (rounds of 16 or 32: the hidden 64 in 2–4 rounds), or a last round only partly inside K (96 in 64 + 32)."""
     from kerneltriage.kernels import fused_layer
 
-    monkeypatch.setattr(fused_layer, "DOT_BK", 32)
-    monkeypatch.setattr(fused_layer, "TILE", 64)
-    assert fused_layer._tiles(rows, 64, 96).rounds >= 3
+    monkeypatch.setattr(fused_layer, "DOT_BK", dot_bk)
+    monkeypatch.setattr(fused_layer, "TILE", tile)
+    hidden, inter = fused_layer._tiles(rows, 96, 64), fused_layer._tiles(rows, 64, 96)  # K = 64, K = 96
+    if partial:
+        assert hidden.rounds == 1 and inter.rounds == 2 and 96 % inter.bk
+    else:
+        assert hidden.rounds >= 2 and 96 % inter.bk == 0
     stock, fused = _runner(), _fused(_runner())
     want, _ = _layer_run(stock, StaticKVCache, rows, 33, 128)
     got, _ = _layer_run(fused, StaticKVCache, rows, 33, 128)

@@ -450,6 +450,20 @@ def test_shadows_resume_on_the_positions_they_saw_not_on_extrapolated_ones() -> 
     assert max(probes) <= 6, probes  # at most two re-probes of three verifies each in 280 steps
 
 
+def test_shadows_resume_an_expensive_verify_when_the_text_turns_repetitive() -> None:
+    """The same costly verify (6 plain steps): after 100 steps of failing drafts the text repeats (97% per position,
+    about 12 tokens per verify of 15: 2× faster) — the shadows must switch speculation back on, not leave it off for
+    good (the prior must not outweigh what deep positions see: with shadows there is no cooldown re-probe)."""
+    turn = 100
+    for seed in range(4):
+        controller = DepthController(None, 15, padded=True)
+        depths = drive_with_shadows(controller, lambda step: 0.05 if step < turn else 0.97, steps=250,
+                                    verify_ms=lambda k: 60.0, seed=seed)
+        assert depths[turn - 50:turn].count(0) == 50
+        back = next((step for step in range(turn, len(depths)) if depths[step]), None)
+        assert back is not None and back - turn <= 25, (seed, back)
+
+
 def test_padded_controller_starts_deepest_and_keeps_it_when_drafts_pay() -> None:
     controller = DepthController(None, padded=True)
     depths = drive(controller, [0.95], draft_ms=0.0, row_ms=0.5, steps=300)

@@ -19,7 +19,8 @@ COOLDOWN_STEPS = 32  # plain steps after speculation is switched off, doubled at
 MAX_COOLDOWN = 512  # without shadows (a model) is re-probed after them; with shadows, they decide instead
 SHADOW_MIN = 4  # shadow tokens scored since the switch-off before they may switch speculation back on
 RESUME_SPEEDUP = 1.05  # estimated speed-up at which shadows switch it back on: above 1, so it does not flap
-SHADOW_PRIOR = 1.0  # hits and misses added at each position when shadows judge (Laplace's rule of succession)
+SHADOW_PRIOR = 0.5  # hits and misses added at each position when shadows judge (1, Laplace's, outweighed what the
+# deep positions see — ~5 decayed counts at most — and kept a 6-plain-step verify off on text that would pay 2×)
 
 
 @dataclass(frozen=True)
@@ -122,11 +123,14 @@ class DepthController:
         # Judged at the depth the shadows reached, each rate with SHADOW_PRIOR: the shadows see a few tokens per
         # position, and taken as they come (or the last one extrapolated to positions nobody saw) a lucky run of hits
         # promised up to 16 tokens per verify — speculation flapped on and off where it loses.
-        if self.speedup(self.reach, SHADOW_PRIOR) >= RESUME_SPEEDUP:
-            _, best, options = self._options(self.max_depth)
+        speedup = self.speedup(self.reach, SHADOW_PRIOR)
+        if speedup >= RESUME_SPEEDUP:
+            # padded, any k costs the verify the same: the deepest within the margin; else no deeper than seen
+            best = self._options(self.max_depth)[1] if self.padded else self.reach
             self.off, self.cooldown = False, 0
-            self._decide(best, f"shadow drafts: {self.expected_tokens(best):.2f} tok/step, est. speed-up "
-                               f"{options[best]:.2f}× at k={best}: speculation back on")
+            tokens = self.expected_tokens(self.reach, SHADOW_PRIOR)
+            self._decide(best, f"shadow drafts: {tokens:.2f} tok/step over {self.reach} positions, est. speed-up "
+                               f"{speedup:.2f}×: speculation back on at k={best}")
 
     def _learn(self, drafted: int, accepted: int) -> None:
         """Decayed counts of the positions a verify checked (0..min(accepted, drafted-1)) and accepted."""

@@ -114,7 +114,8 @@ class SpeculativeDecoder:
             now = time.perf_counter()
             self.stats.record_plain(now - last)
             # the last token's wait is no step's cost where steps run as they are queued (CPU: ~0, its step ran
-            # inside the previous token's decode call)
+            # inside the previous token's decode call); so one-step plain runs between verifies add no sample, and
+            # the plain cost comes from calibration, runs of plain steps and earlier runs (controller.carry_over)
             self.controller.observe_plain(now - last if more else None)
             last = now
             yield context[-1]
