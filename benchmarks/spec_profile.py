@@ -5,8 +5,8 @@ Usage: python benchmarks/spec_profile.py [--model default] [--config "levers=...
            [--set repetitive] [--per-set 4] [-n 64] [--out FILE.json]
 Per call (host seconds, perf_counter, no extra syncs): the drafter's `draft` (at verify steps and, with auto depth,
 after every plain token), `runner.verify` (queueing the forward), the sampler's `accept` (it reads the result: the wait
-for the device lands here), `trim_cache`, the decoder's synced `clock` reads, plain `decode` calls, and graph captures
-during the timed runs (should be 0).
+for the device lands here), `trim_cache`, the decoder's synced `clock` reads (a model drafter's steps only, since
+2026-12-01's fourth session), plain `decode` calls, and graph captures during the timed runs (should be 0).
 Alone, at one position (--iters each): a plain step and a padded verify queued back to back (device-bound: the
 device's time per call), and verify + accept + trim one after another (what one verify step costs the loop).
 """

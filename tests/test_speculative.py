@@ -233,6 +233,22 @@ def test_a_second_run_on_the_runner_goes_on_from_the_first_runs_costs_and_verdic
     assert firsts["lost"][0] is not None and firsts["lost"][1] is None, firsts  # off from the start
 
 
+def test_verify_steps_wait_for_the_device_only_for_a_model_drafter() -> None:
+    """A lookup drafter drafts on the host with the device idle, and a verify's tokens are read before its cost is
+    stamped: no synced clock read. A model drafter queues forwards: its verify steps read the synced clock."""
+    reads = {}
+    for name, drafter in (("lookup", None), ("model", Oracle(PROMPT, list(generate_step(tiny_runner("llama"), PROMPT,
+                                                                                          GREEDY, 48))))):
+        runner = tiny_runner("llama")
+        install_speculation(runner, parse_speculation("suffix"), drafter)
+        clock, calls = runner.clock, []
+        runner.clock = lambda: calls.append(1) or clock()
+        list(generate_step(runner, PROMPT, GREEDY, 48))
+        reads[name] = (len(calls), runner.counters[SPEC_COUNTER])
+    assert reads["lookup"][1] > 0 and reads["lookup"][0] == 0, reads
+    assert reads["model"][1] > 0 and reads["model"][0] >= 3 * reads["model"][1], reads
+
+
 def test_rejected_drafts_are_trimmed_from_the_cache() -> None:
     runner = tiny_runner("llama")
     expected = list(plain("llama", 4))
