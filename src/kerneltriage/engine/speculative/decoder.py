@@ -67,7 +67,7 @@ class SpeculativeDecoder:
         self.stats = SpecStats(self.speculation.source_text)
         earlier, self.controller = self.controller, DepthController(self.speculation.depth, self.deepest(runner),
                                                                      padded=rows > 0)
-        if runner is self.measured:  # its costs and acceptance so far are known (controller.carry_over)
+        if runner is self.measured:  # its step costs and last verdict are known (controller.carry_over)
             self.controller.carry_over(earlier)
         self.measured = runner
         self.drafter.reset(runner, start + count)
