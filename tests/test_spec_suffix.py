@@ -3,6 +3,8 @@ and the draft length that follows the match's statistics (greedy exactness: test
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -67,6 +69,22 @@ def test_draft_length_follows_the_match_statistics() -> None:
     assert [draft_length(m, 8, 8) for m in range(1, LONG_MATCH + 2)] == [1, 2, 3, 4, 5, 6, 7, 8, 8]
     assert draft_length(LONG_MATCH, 0, 16) == 16  # a long match is a copy in progress: through branches
     assert draft_length(5, 8, 3) == 3  # never past the controller's k
+
+
+def test_a_padded_verify_gets_drafts_to_the_limit_where_the_match_drafts_at_all() -> None:
+    """Under graphs every verify computes the deepest k's rows: the match decides whether to draft, not how much."""
+    phrase = [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51]
+    branchy = [5, 6, 1, 9, 5, 6, 2, 9, 5, 6, 3, 9, 5, 6]
+    for padded, sizes in ((False, [5, 1, None]), (True, [7, 7, None])):
+        got = []
+        for context in ([7, 9, 8] + phrase + [1, 2, 3, 5, 6] + phrase[:5], branchy, [1, 2, 3, 4, 5]):
+            drafter = SuffixDrafter(16)
+            drafter.reset(SimpleNamespace(pads_verify=padded), 64)
+            draft = drafter.draft(context, 7, sampler=None)
+            got.append(draft.size if draft else None)
+            if padded and draft:  # the latest occurrence's continuation, copied on past the text's end
+                assert draft.tokens[:1] == ([45] if context[-1] == 44 else [3])
+        assert got == sizes, (padded, got)
 
 
 def test_draft_grows_as_a_copy_goes_on() -> None:

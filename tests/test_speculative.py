@@ -84,11 +84,11 @@ def test_ngram_accepts_on_repetitive_text() -> None:
     assert decoder.stats.acceptance > 0.3 and decoder.stats.tokens_per_step > 2
 
 
-@pytest.mark.parametrize("source", ["ngram", "selfdraft:1", "draft"])
+@pytest.mark.parametrize("source", ["ngram", "suffix", "selfdraft:1", "draft"])
 @pytest.mark.parametrize("depth", ["3", "auto"])
 def test_padded_verify_equals_plain_greedy(source: str, depth: str) -> None:
     """Under graphs every verify has the deepest step's rows (fixed shapes): filler rows change nothing.
-    A static cache on the CPU takes the same path, eagerly."""
+    A static cache on the CPU takes the same path, eagerly (suffix then drafts to the limit wherever it drafts)."""
     runner, decoder = speculating("qwen3", source, depth)
     runner.cache_type = StaticKVCache
     shapes, stock = [], runner.verify_step
@@ -96,7 +96,7 @@ def test_padded_verify_equals_plain_greedy(source: str, depth: str) -> None:
     assert tokens(runner) == list(plain("qwen3"))
     # padded, auto depth drafts up to 15 from a lookup (16 rows: a graphed verify costs about what 9 rows do), up to 8
     # from a model (each drafted token is a forward of its own)
-    assert shapes and set(shapes) == {4 if depth == "3" else 16 if source == "ngram" else 9}, shapes
+    assert shapes and set(shapes) == {4 if depth == "3" else 16 if source in ("ngram", "suffix") else 9}, shapes
     assert decoder.stats.verify_steps == len(shapes)
     if source != "ngram" and depth == "3":  # the last verify drafts fewer than k: filler rows were computed
         assert decoder.stats.drafted_tokens < len(shapes) * decoder.controller.deepest

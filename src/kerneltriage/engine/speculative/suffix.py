@@ -13,6 +13,11 @@ Draft length is chosen per step from the match's statistics, not fixed:
     with several is a branch where the earlier text disagreed.
   budget = min(limit, L) for L < LONG_MATCH, else limit; a match shorter than LONG_MATCH stops at its first
   branch (keeping one token, the latest occurrence's choice); a one-token match drafts only where no branch is.
+Where the verify is padded (CUDA graphs: every verify computes the deepest k's rows), a draft's length costs nothing:
+the rule still decides whether to draft, and the draft runs to the limit. Replayed over the default model's greedy
+texts at the H200's verify cost (benchmarks/draft_replay.py, draft-replay-cpu.json), that took the modelled speed-up
+from 2.62× / 2.00× / 1.27× / 1.05× to 3.14× / 2.45× / 1.41× / 1.07× (copy_heavy / repetitive / summarize /
+open_ended); drafting the limit from every match instead drafted chance one-token matches (summarize 1.23×).
 
 A tree draft (`--spec suffix:tree`) keeps the branches instead of stopping at them: one continuation per token
 that followed the match earlier (and, for a short match with one continuation, those of shorter matches),
@@ -177,9 +182,11 @@ class SuffixDrafter:
     def __init__(self, max_tokens: int, tree_nodes: int = 0) -> None:
         self.max_tokens, self.tree_nodes = max_tokens, tree_nodes  # tree_nodes 0: a linear draft
         self.automaton = SuffixAutomaton()
+        self.free_rows = False  # the runner's verify is padded: a draft's length costs nothing
 
     def reset(self, runner: "Steps", capacity: int) -> None:
         self.automaton = SuffixAutomaton()
+        self.free_rows = runner.pads_verify
 
     def draft(self, context: list[int], k: int, sampler: "Sampler") -> Draft | None:
         self.automaton.extend(context[len(self.automaton.tokens):])  # the context only grows
@@ -189,4 +196,6 @@ class SuffixDrafter:
             return Draft(tree.tokens, tree=tree) if tree else None
         proposal = self.automaton.continuation(limit)
         size = draft_length(self.automaton.match.length, self.automaton.agreed(proposal), limit)
+        if size and self.free_rows:  # whether to draft is the match's call; how much costs nothing
+            size = len(proposal)
         return Draft(proposal[:size]) if size else None
