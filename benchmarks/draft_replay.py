@@ -24,16 +24,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from kerneltriage.core.environment import capture_environment
-
-from kerneltriage.engine.speculative.config import parse_speculation
+from kerneltriage.engine.speculative.config import AUTO_MAX_DEPTH, PADDED_MAX_DEPTH, parse_speculation
 from kerneltriage.engine.speculative.lookup import lookup_drafter
 
 PROMPTS = Path(__file__).parent / "prompts"
 SETS = ("copy_heavy", "repetitive", "summarize", "open_ended")
 
 
-def greedy_texts(model: str, sets: list[str], count: int) -> dict[str, list[list[list[int]]]]:
-    """{set: [[prompt tokens, greedy continuation], …]} from the CPU in float32."""
+def greedy_texts(model: str, sets: list[str], count: int) -> dict[str, object]:
+    """{"model", "n", "sets": {set: [[prompt tokens, greedy continuation], …]}} from the CPU in float32."""
     from kerneltriage.bench.harness import prompts_sample
     from kerneltriage.bench.workloads import load_prompt_set
     from kerneltriage.engine.backend import get_backend
@@ -46,10 +45,9 @@ def greedy_texts(model: str, sets: list[str], count: int) -> dict[str, list[list
     texts: dict[str, list[list[list[int]]]] = {}
     for name in sets:
         prompts = load_prompt_set(PROMPTS / f"{name}.jsonl", checkpoint.tokenizer).prompts
-        runner.reset_cache(max(map(len, prompts)) + count + 1)
         texts[name] = [[list(p), list(prompts_sample(runner, [p], count).tokens)] for p in prompts]
         print(f"{name}: {len(prompts)} greedy texts", flush=True)
-    return texts
+    return {"model": model, "n": count, "sets": texts}
 
 
 def replay(source: str, prompt: list[int], text: list[int], k: int, padded: bool = True) -> dict[str, object]:
@@ -98,20 +96,28 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=64, help="greedy tokens per prompt (default 64, as the H200 runs)")
     parser.add_argument("--texts", required=True, help="the greedy texts' JSON: written when missing, else read")
     parser.add_argument("--sources", default="suffix,ngram", help="lookup sources, as --spec takes them")
-    parser.add_argument("-k", type=int, default=15, help="tokens drafted per verify (default 15: graphed auto)")
+    parser.add_argument("-k", type=int, default=None, help="tokens drafted per verify at most (default: auto "
+                        "depth's limit, 15 graphed, 8 with --eager)")
     parser.add_argument("--verify-cost", type=float, default=1.9, help="a verify step in plain steps (default 1.9)")
     parser.add_argument("--eager", action="store_true", help="verifies of k + 1 rows (no graphs): a draft's length "
                         "costs rows (the drafters' length rules apply; the model still charges --verify-cost)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    args.k = args.k or (AUTO_MAX_DEPTH if args.eager else PADDED_MAX_DEPTH)
     sets = args.sets.split(",")
     path = Path(args.texts).expanduser()
     if path.exists():
-        texts = json.loads(path.read_text())
+        stored = json.loads(path.read_text())
+        missing = [name for name in sets if name not in stored.get("sets", {})]
+        if missing or (stored.get("model"), stored.get("n")) != (args.model, args.n):
+            parser.error(f"--texts {path}: holds {stored.get('model')}'s {stored.get('n')} tokens for "
+                         f"{','.join(stored.get('sets', {}))}; expected {args.model}'s {args.n} for {args.sets} "
+                         f"(another file, or remove it to write it again)")
     else:
-        texts = greedy_texts(args.model, sets, args.n)
+        stored = greedy_texts(args.model, sets, args.n)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(texts))
+        path.write_text(json.dumps(stored))
+    texts = stored["sets"]
     result = {"benchmark": "draft-replay", "model": args.model, "k": args.k, "verify_cost": args.verify_cost,
               "padded": not args.eager, "texts": {name: len(texts[name]) for name in sets}, "sets": {},
               "environment": capture_environment()}

@@ -197,5 +197,5 @@ class SuffixDrafter:
         proposal = self.automaton.continuation(limit)
         size = draft_length(self.automaton.match.length, self.automaton.agreed(proposal), limit)
         if size and self.free_rows:  # whether to draft is the match's call; how much costs nothing
-            size = len(proposal)
+            size = limit  # (a match's continuation always has `limit` tokens: it copies on past the text's end)
         return Draft(proposal[:size]) if size else None
