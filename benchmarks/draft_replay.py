@@ -24,6 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from kerneltriage.core.environment import capture_environment
+from kerneltriage.core.errors import InputError
 from kerneltriage.engine.speculative.config import AUTO_MAX_DEPTH, PADDED_MAX_DEPTH, parse_speculation
 from kerneltriage.engine.speculative.lookup import lookup_drafter
 
@@ -105,6 +106,17 @@ def main() -> None:
     args = parser.parse_args()
     args.k = args.k or (AUTO_MAX_DEPTH if args.eager else PADDED_MAX_DEPTH)
     sets = args.sets.split(",")
+    unknown = [name for name in sets if not (PROMPTS / f"{name}.jsonl").is_file()]
+    if unknown:
+        parser.error(f"--sets {args.sets}: no prompt set {','.join(unknown)}; expected names of "
+                     f"benchmarks/prompts/*.jsonl ({','.join(SETS)}, …)")
+    for source in args.sources.split(","):
+        try:
+            lookup = lookup_drafter(parse_speculation(source))
+        except InputError as exc:
+            parser.error(f"--sources {source}: {exc}")
+        if lookup is None:
+            parser.error(f"--sources {source}: not a lookup source; expected ngram[:N] or suffix[:N]")
     path = Path(args.texts).expanduser()
     if path.exists():
         stored = json.loads(path.read_text())
