@@ -92,7 +92,8 @@ case "$1" in
     step 150 "${kt[@]}" ab --a "levers=${FUSED/,prefill_graphs/}" --b "levers=$FUSED" -p 512 -n 128 -r 8 \
       --output json --ledger "$L" > "$OUT/ab-default-h200-prefill-graphs.json" ;;
   fused-tests) step 300 python3 -m pytest -q tests/test_fused_layer.py > "$OUT/gpu-fused-layer-h200.txt" 2>&1 ;;
-  verify-tiles) step 400 python3 benchmarks/verify_tiles_probe.py --out "$OUT/verify-tiles-smollm2-preset-h200.json" ;;
+  verify-tiles)
+    step 400 python3 benchmarks/verify_tiles_probe.py --out "$OUT/verify-tiles-smollm2-preset-h200-split-gemv.json" ;;
   spec-profile)  # where a verify step's time goes: the decoder's calls on the host, the verify's kernels
     for set in repetitive open_ended; do
       step 120 python3 benchmarks/spec_profile.py --set $set --out "$OUT/spec-profile-$set-h200.json" > /dev/null

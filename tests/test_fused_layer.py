@@ -67,25 +67,33 @@ def test_layer_matches_stock(arch: str, rows: int, depth: int, static: bool) -> 
         assert torch.allclose(getattr(got_cache, name), getattr(want_cache, name), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize(("rows", "dot_bk", "tile", "partial"), [(1, 32, 64, False), (17, 32, 64, False),
-                                                                 (1, 64, 256, True), (17, 64, 256, True)])
-def test_layer_matches_stock_with_k_in_several_rounds(rows: int, dot_bk: int, tile: int, partial: bool,
+@pytest.mark.parametrize(("rows", "dot_bk", "tile", "partial", "programs"), [
+    (1, 32, 64, False, 0), (17, 32, 64, False, 0), (1, 64, 256, True, 0), (17, 64, 256, True, 0),
+    (17, 16, 64, False, 12), (17, 16, 64, False, 10**6), (17, 64, 256, True, 10**6)])
+def test_layer_matches_stock_with_k_in_several_rounds(rows: int, dot_bk: int, tile: int, partial: bool, programs: int,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """K read in several rounds (the tiny model's K fits one): the RMS over rounds and the pipelined tl.dot loop
-    (rounds of 16 or 32: the hidden 64 in 2–4 rounds), or a last round only partly inside K (96 in 64 + 32)."""
+    (rounds of 16 or 32: the hidden 64 in 2–4 rounds), or a last round only partly inside K (96 in 64 + 32); and K
+    split over programs (`programs`: SPLIT_PROGRAMS), each split's share summed by the block's last arriver, the
+    semaphores left at zero for the next launch."""
     from kerneltriage.kernels import fused_layer
 
     monkeypatch.setattr(fused_layer, "DOT_BK", dot_bk)
     monkeypatch.setattr(fused_layer, "TILE", tile)
+    monkeypatch.setattr(fused_layer, "SPLIT_PROGRAMS", programs)
     hidden, inter = fused_layer._tiles(rows, 96, 64), fused_layer._tiles(rows, 64, 96)  # K = 64, K = 96
+    whole = hidden.rounds * hidden.splits, inter.rounds * inter.splits
     if partial:
-        assert hidden.rounds == 1 and inter.rounds == 2 and 96 % inter.bk
+        assert whole[1] == 2 and 96 % inter.bk and (programs or whole[0] == 1)
     else:
-        assert hidden.rounds >= 2 and 96 % inter.bk == 0
+        assert whole[0] >= 2 and 96 % inter.bk == 0
+    if programs:  # 6 and 4 column blocks split in 2 and 3 (the fewest that make 12 programs), or in every round
+        assert (hidden.splits, inter.splits) == ((2, 3) if programs == 12 else whole)
     stock, fused = _runner(), _fused(_runner())
     want, _ = _layer_run(stock, StaticKVCache, rows, 33, 128)
     got, _ = _layer_run(fused, StaticKVCache, rows, 33, 128)
     assert (got - want).abs().max() / want.abs().max() < 2e-5
+    assert not fused_layer._semaphores(torch.device(DEVICE)).any()
 
 
 def test_greedy_tokens_and_counts_through_the_model() -> None:
@@ -168,17 +176,21 @@ from triton.compiler import ASTSource
 from kerneltriage.kernels import fused_layer as f
 
 pdl = sys.argv[1] == "1"
-FP32, I64 = ("m_ptr", "l_ptr", "acc_ptr"), ("ids_ptr",)
-for rows in (1, 16):  # a decode row (CUDA-core sums), a k = 15 verify (tl.dot, K rounds pipelined)
+FP32, I64, I32 = ("m_ptr", "l_ptr", "acc_ptr", "ws_ptr"), ("ids_ptr",), ("sem_ptr",)
+# a decode row (CUDA-core sums), a k = 15 verify (tl.dot, K rounds pipelined), the same with K split in 3
+for rows, programs in ((1, 0), (16, 0), (16, 100)):
+    f.SPLIT_PROGRAMS = programs
     t = f._tiles(rows, 576, 576)
+    assert (t.splits > 1) == bool(programs)
     consts_all = {"T": rows, "ROWS": t.rows, "G": 3, "RP": 64, "DP": 64, "SP": 4, "BN": t.bn, "BK": t.bk,
-                  "ROUNDS": t.rounds, "STAGES": t.stages, "BLOCK": 64, "HQ": 9, "HKV": 3, "DIM": 64, "BP": t.bn,
-                  "HAS_BIAS": False, "PDL": pdl}
+                  "ROUNDS": t.rounds, "STAGES": t.stages, "SPLITS": t.splits, "BLOCK": 64, "HQ": 9, "HKV": 3,
+                  "DIM": 64, "BP": t.bn, "HAS_BIAS": False, "PDL": pdl}
     for fn in (f._qkv_rope_cache, f._attend, f._combine, f._gemv_residual, f._gate_up):
         names = fn.arg_names
         consts = {n: consts_all[n] for n in names if n in consts_all}
-        sig = {n: "constexpr" if n in consts else "*fp32" if n in FP32 else "*i64" if n in I64 else "*bf16"
-               if n.endswith("_ptr") else "fp32" if n in ("eps", "scale") else "i32" for n in names}
+        sig = {n: "constexpr" if n in consts else "*fp32" if n in FP32 else "*i64" if n in I64 else "*i32"
+               if n in I32 else "*bf16" if n.endswith("_ptr") else "fp32" if n in ("eps", "scale") else "i32"
+               for n in names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n] not in ("constexpr", "fp32")}
         kernel = triton.compile(ASTSource(fn, signature=sig, constexprs=consts, attrs=attrs),
                                 target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl})
@@ -186,9 +198,15 @@ for rows in (1, 16):  # a decode row (CUDA-core sums), a k = 15 verify (tl.dot, 
         waits = [i for i, line in enumerate(ptx) if "griddepcontrol.wait" in line]
         assert bool(waits) == pdl, fn.__name__
         copies = [i for i, line in enumerate(ptx) if "cp.async.cg" in line or "cp.async.ca" in line]
-        if rows > 1 and fn.__name__ != "_attend" and fn.__name__ != "_combine":
+        gemv = fn.__name__ not in ("_attend", "_combine")
+        if rows > 1 and gemv:
             assert t.rounds > 1 and copies, (fn.__name__, "K rounds not pipelined")
             assert not pdl or waits[0] < copies[0], (fn.__name__, "a pipelined load ahead of PDL's wait")
+        counts = [i for i, line in enumerate(ptx) if "atom.global" in line]
+        assert bool(counts) == (gemv and t.splits > 1), fn.__name__
+        if counts:  # the shares stored by every thread before the count, which releases and acquires at gpu scope
+            assert "atom.global.gpu.acq_rel" in ptx[counts[0]], ptx[counts[0]]
+            assert any("bar.sync" in line for line in ptx[counts[0] - 40:counts[0]]), fn.__name__
         print(fn.__name__, rows, len(kernel.asm["cubin"]), len(copies))
 """
 
@@ -203,4 +221,4 @@ def test_every_kernel_builds_for_sm90(pdl: bool) -> None:
     done = subprocess.run([sys.executable, "-c", SM90_BUILD, "1" if pdl else "0"], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert len(done.stdout.splitlines()) == 2 * 5
+    assert len(done.stdout.splitlines()) == 3 * 5

@@ -34,6 +34,8 @@ MAX_ROWS = 32  # decode (1) and speculative verify (k + 1 ≤ 17 for suffix:16) 
 BN = 4  # output columns (q/k/v: rotation pairs) per GEMV program
 DOT_ROWS, DOT_BN, DOT_BK = 16, 16, 64  # from 16 padded rows the GEMVs use tl.dot (`_gemv2`), in these tiles,
 DOT_STAGES = 8  # with this many rounds of K in flight (Triton's software pipelining; `_tiles` has the numbers)
+SPLIT_PROGRAMS = 64  # a tl.dot GEMV's K split over programs until there are this many (0: never; `_split`)
+MAX_BLOCKS = 4096  # column blocks of one split-K GEMV at most (the semaphores: `_semaphores`)
 TILE = 8192  # elements of a GEMV program's (rows, columns, K) tile per weight: registers, not shared memory
 WIDE = 8192  # weight elements a program holds at once above which it runs 8 warps instead of 4
 BLOCK_S = 64  # keys per attention tile
@@ -63,9 +65,10 @@ def _inv_rms(x_ptr, sx, r, r_ok, k, eps, ROWS: tl.constexpr, BK: tl.constexpr, R
 @triton.jit
 def _gemv2(x_ptr, sx, wa_ptr, wb_ptr, sw, cols_a, cols_b, n_ok, r, r_ok, k, eps, nw_ptr, dt: tl.constexpr,
            NORM: tl.constexpr, TWO: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-           ROUNDS: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+           ROUNDS: tl.constexpr, STAGES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
     """(ROWS, BN) float32 twice: x (ROWS, k) · Wa[cols_a]ᵀ and (when TWO) x · Wb[cols_b]ᵀ, both weights' tiles
-    loaded in the same round, K in ROUNDS rounds of BK (STAGES of them in flight at once). With NORM, x is first
+    loaded in the same round, K in ROUNDS rounds of BK (STAGES of them in flight at once) — this program's share
+    of K, the program_id(1)-th of SPLITS (`_split_sum` adds the shares up). With NORM, x is first
     RMS-normalised and weighted as the stock RMSNorm rounds it (normed → dtype, × weight → dtype); in one round,
     its RMS comes from the same load. From 16 rows and 16 columns (a k ≥ 8 verify) the products go through tl.dot
     (tensor cores; IEEE float32 for float32 weights); fewer are summed on the CUDA cores.
@@ -73,16 +76,18 @@ def _gemv2(x_ptr, sx, wa_ptr, wb_ptr, sw, cols_a, cols_b, n_ok, r, r_ok, k, eps,
     x after; where x is read before the weights (its RMS over several rounds) or the rounds are pipelined (the
     pipeliner hoists the first rounds' loads of x), the wait comes first."""
     DOT: tl.constexpr = ROWS >= 16 and BN >= 16  # tl.dot's smallest tile
-    EARLY: tl.constexpr = PDL and (DOT or (NORM and ROUNDS > 1))
+    WHOLE: tl.constexpr = ROUNDS * SPLITS  # rounds over the whole of K
+    EARLY: tl.constexpr = PDL and (DOT or STAGES > 1 or (NORM and WHOLE > 1))
     acc_a = tl.zeros((ROWS, BN), tl.float32)
     acc_b = tl.zeros((ROWS, BN), tl.float32)
     inv = tl.full((ROWS,), 1.0, tl.float32)
     if EARLY:
         tl.extra.cuda.gdc_wait()
-    if NORM and ROUNDS > 1:
-        inv = _inv_rms(x_ptr, sx, r, r_ok, k, eps, ROWS, BK, ROUNDS, STAGES)
+    if NORM and WHOLE > 1:
+        inv = _inv_rms(x_ptr, sx, r, r_ok, k, eps, ROWS, BK, WHOLE, STAGES)
+    first = tl.program_id(1) * ROUNDS
     for i in tl.range(0, ROUNDS, num_stages=STAGES):
-        kk = i * BK + tl.arange(0, BK)
+        kk = (first + i) * BK + tl.arange(0, BK)
         k_ok = kk < k
         w_ok = n_ok[:, None] & k_ok[None, :]
         wa = tl.load(wa_ptr + cols_a[:, None] * sw + kk[None, :], mask=w_ok, other=0.0)
@@ -93,7 +98,7 @@ def _gemv2(x_ptr, sx, wa_ptr, wb_ptr, sw, cols_a, cols_b, n_ok, r, r_ok, k, eps,
         x = tl.load(x_ptr + r[:, None] * sx + kk[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
         x = x.to(tl.float32)
         if NORM:
-            if ROUNDS == 1:
+            if WHOLE == 1:
                 inv = tl.rsqrt(tl.sum(x * x, 1) / k + eps)
             nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
             x = _rnd(_rnd(x * inv[:, None], dt) * nw[None, :], dt)
@@ -111,11 +116,39 @@ def _gemv2(x_ptr, sx, wa_ptr, wb_ptr, sw, cols_a, cols_b, n_ok, r, r_ok, k, eps,
 
 
 @triton.jit
-def _qkv_rope_cache(x_ptr, nw_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, ids_ptr, q_ptr, k_ptr, v_ptr,
+def _split_sum(acc_a, acc_b, ws_ptr, sem_ptr, TWO: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
+               SPLITS: tl.constexpr):
+    """(a, b, last): with K split over SPLITS programs per column block, each stores its share in the workspace
+    and counts itself in the block's semaphore; the last to arrive sums the shares in split order (the same sum
+    whichever arrives last) and zeroes the semaphore for the next launch. `last` masks the caller's stores: only
+    that program holds the sums. One split: the shares are the sums."""
+    last = tl.program_id(1) == SPLITS - 1
+    if SPLITS > 1:
+        block, split = tl.program_id(0), tl.program_id(1)
+        at = tl.arange(0, ROWS)[:, None] * BN + tl.arange(0, BN)[None, :]
+        share: tl.constexpr = ROWS * BN * (2 if TWO else 1)
+        base = ws_ptr + block * SPLITS * share
+        tl.store(base + split * share + at, acc_a)
+        if TWO:
+            tl.store(base + split * share + ROWS * BN + at, acc_b)
+        tl.debug_barrier()  # every thread's share stored before the count (the atomic's release covers them)
+        last = tl.atomic_add(sem_ptr + block, 1, sem="acq_rel", scope="gpu") == SPLITS - 1
+        acc_a = tl.zeros((ROWS, BN), tl.float32)
+        acc_b = tl.zeros((ROWS, BN), tl.float32)
+        for j in tl.static_range(SPLITS):  # from L2 (.cg): other SMs wrote them
+            acc_a += tl.load(base + j * share + at, mask=last, other=0.0, cache_modifier=".cg")
+            if TWO:
+                acc_b += tl.load(base + j * share + ROWS * BN + at, mask=last, other=0.0, cache_modifier=".cg")
+        tl.store(sem_ptr + block, 0, mask=last)
+    return acc_a, acc_b, last
+
+
+@triton.jit
+def _qkv_rope_cache(x_ptr, nw_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, ids_ptr, q_ptr, k_ptr, v_ptr, ws_ptr, sem_ptr,
                     eps, hidden, sx, sw, sc, sq_t, sq_h, sk_h, sk_s, sv_h, sv_s,
                     T: tl.constexpr, ROWS: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, DIM: tl.constexpr,
                     BP: tl.constexpr, BK: tl.constexpr, ROUNDS: tl.constexpr, STAGES: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+                    SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
     HALF: tl.constexpr = DIM // 2
     dt: tl.constexpr = q_ptr.dtype.element_ty
     p = tl.program_id(0) * BP + tl.arange(0, BP)  # rotation pairs (j, j + HALF) of every head, q then k then v
@@ -125,13 +158,14 @@ def _qkv_rope_cache(x_ptr, nw_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, ids_ptr, q_pt
     r = tl.arange(0, ROWS)
     r_ok = r < T
     lo, hi = _gemv2(x_ptr, sx, w_ptr, w_ptr, sw, lo_col, lo_col + HALF, p_ok, r, r_ok, hidden, eps, nw_ptr, dt,
-                    True, True, ROWS, BP, BK, ROUNDS, STAGES, PDL)
+                    True, True, ROWS, BP, BK, ROUNDS, STAGES, SPLITS, PDL)
+    lo, hi, last = _split_sum(lo, hi, ws_ptr, sem_ptr, True, ROWS, BP, SPLITS)
     if HAS_BIAS:
         lo += tl.load(b_ptr + lo_col, mask=p_ok, other=0.0).to(tl.float32)[None, :]
         hi += tl.load(b_ptr + lo_col + HALF, mask=p_ok, other=0.0).to(tl.float32)[None, :]
     lo, hi = _rnd(lo, dt), _rnd(hi, dt)
     # RoPE on q and k (HF layout: x·cos + rotate_half(x)·sin, each product and the sum rounded as stock rounds)
-    both = r_ok[:, None] & p_ok[None, :]
+    both = r_ok[:, None] & p_ok[None, :] & last
     cs = r[:, None] * sc + j[None, :]
     c_lo = tl.load(cos_ptr + cs, mask=both, other=0.0).to(tl.float32)
     c_hi = tl.load(cos_ptr + cs + HALF, mask=both, other=0.0).to(tl.float32)
@@ -234,54 +268,84 @@ def _tile(n, T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _gate_up(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, eps, hidden, n, sx, sw, so,
+def _gate_up(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ws_ptr, sem_ptr, eps, hidden, n, sx, sw, so,
              T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ROUNDS: tl.constexpr,
-             STAGES: tl.constexpr, PDL: tl.constexpr):
+             STAGES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
     dt: tl.constexpr = out_ptr.dtype.element_ty
     cols, n_ok, r, r_ok = _tile(n, T, ROWS, BN)
     gate, up = _gemv2(x_ptr, sx, wg_ptr, wu_ptr, sw, cols, cols, n_ok, r, r_ok, hidden, eps, nw_ptr, dt, True, True,
-                      ROWS, BN, BK, ROUNDS, STAGES, PDL)
+                      ROWS, BN, BK, ROUNDS, STAGES, SPLITS, PDL)
+    gate, up, last = _split_sum(gate, up, ws_ptr, sem_ptr, True, ROWS, BN, SPLITS)
     gate, up = _rnd(gate, dt), _rnd(up, dt)
     act = _rnd(gate * tl.sigmoid(gate), dt) * up
-    tl.store(out_ptr + r[:, None] * so + cols[None, :], act.to(dt), mask=r_ok[:, None] & n_ok[None, :])
+    tl.store(out_ptr + r[:, None] * so + cols[None, :], act.to(dt), mask=r_ok[:, None] & n_ok[None, :] & last)
 
 
 @triton.jit
-def _gemv_residual(x_ptr, w_ptr, res_ptr, out_ptr, k, n, sx, sw, sr, so,
+def _gemv_residual(x_ptr, w_ptr, res_ptr, out_ptr, ws_ptr, sem_ptr, k, n, sx, sw, sr, so,
                    T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ROUNDS: tl.constexpr,
-                   STAGES: tl.constexpr, PDL: tl.constexpr):
+                   STAGES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
     dt: tl.constexpr = out_ptr.dtype.element_ty
     cols, n_ok, r, r_ok = _tile(n, T, ROWS, BN)
     y, _ = _gemv2(x_ptr, sx, w_ptr, w_ptr, sw, cols, cols, n_ok, r, r_ok, k, 0.0, x_ptr, dt, False, False, ROWS, BN,
-                  BK, ROUNDS, STAGES, PDL)
-    both = r_ok[:, None] & n_ok[None, :]
+                  BK, ROUNDS, STAGES, SPLITS, PDL)
+    y, _, last = _split_sum(y, y, ws_ptr, sem_ptr, False, ROWS, BN, SPLITS)
+    both = r_ok[:, None] & n_ok[None, :] & last
     res = tl.load(res_ptr + r[:, None] * sr + cols[None, :], mask=both, other=0.0).to(tl.float32)
     tl.store(out_ptr + r[:, None] * so + cols[None, :], (res + _rnd(y, dt)).to(dt), mask=both)
 
 
 class Tiles(NamedTuple):
-    """A GEMV's tiling: rows padded to ROWS, BN output columns per program, K in `rounds` rounds of BK, `stages`
-    rounds' loads in flight at once (1: one round at a time)."""
+    """A GEMV's tiling: rows padded to ROWS, BN output columns per program, K split over `splits` programs (a
+    grid of column blocks × splits), each reading its share in `rounds` rounds of BK, `stages` rounds' loads in
+    flight at once (1: one round at a time)."""
 
     rows: int
     bn: int
     bk: int
     rounds: int
     stages: int
+    splits: int = 1
+
+    def grid(self, n: int) -> tuple[int, int]:
+        return triton.cdiv(n, self.bn), self.splits
+
+    def workspace(self, like: torch.Tensor, n: int, two: bool) -> torch.Tensor:
+        """The float32 shares of a split K (`_split_sum`); `like` itself where K is not split (never read)."""
+        if self.splits == 1:
+            return like
+        blocks, splits = self.grid(n)
+        return like.new_empty(blocks * splits * (2 if two else 1) * self.rows * self.bn, dtype=torch.float32)
+
+
+def _split(blocks: int, rounds: int) -> int:
+    """How many programs share each column block's K: the fewest that divides its rounds evenly and makes
+    SPLIT_PROGRAMS programs in all (the most that divides them if none does); 1 when SPLIT_PROGRAMS is 0 or
+    there are more than MAX_BLOCKS blocks. On the default model (30–96 column blocks of 16 on 132 SMs, K in 9 or
+    24 rounds of 64) 64 splits q/k/v and o_proj in 3 and down in 2: a graphed verify of 9 / 16 rows took 682 / 778
+    µs against 754 / 816 unsplit; 128 and 256 (K 576 in 9 one-round shares) 795–832, and splitting gate/up as well
+    cost 25–30 µs more (H200, verify-tiles-smollm2-preset-h200-split.json, …-split-gemv.json)."""
+    if not SPLIT_PROGRAMS or blocks > MAX_BLOCKS:
+        return 1
+    divisors = [d for d in range(1, rounds + 1) if rounds % d == 0]
+    return next((d for d in divisors if blocks * d >= SPLIT_PROGRAMS), divisors[-1])
 
 
 def _tiles(rows: int, n: int, k: int) -> Tiles:
-    """Tiles for a GEMV of `rows` rows: whole K in one tile where the tile fits (one round of loads per program:
-    these GEMVs are latency-bound), BN output columns per program (many programs: on the default model's
-    576-wide projections 4 columns per program gave 1,035 tok/s, 8 gave 993 and 16 gave 835, and a tile of 8,192
-    or 32,768 elements the same 1,034; H200, `fused-layer-probe-h200-first.json`)."""
+    """Tiles for a GEMV of `rows` rows, n output columns (q/k/v: rotation pairs) and K = k: whole K in one tile
+    where the tile fits (one round of loads per program: these GEMVs are latency-bound), BN output columns per
+    program (many programs: on the default model's 576-wide projections 4 columns per program gave 1,035 tok/s,
+    8 gave 993 and 16 gave 835, and a tile of 8,192 or 32,768 elements the same 1,034; H200,
+    `fused-layer-probe-h200-first.json`); a tl.dot tile's K split over programs (`_split`)."""
     padded = triton.next_power_of_2(rows)
     if padded >= DOT_ROWS:  # tl.dot: 16 columns at least, K in rounds of 64, 8 in flight — a graphed verify of the
         # default model (9 / 16 rows) took 741 / 814 µs so, 816 / 836 with rounds of 256 (3 in flight), 1,050 / 1,198
         # with one round of 256 at a time (the first choice), 2,419 / 1,371 with 512 (2 in flight); a plain step
         # 541 (H200, verify-tiles-smollm2-preset-h200-pipelined.json; round one: verify-tiles-smollm2-preset-h200.json)
         bk = min(triton.next_power_of_2(k), DOT_BK)
-        return Tiles(padded, DOT_BN, bk, triton.cdiv(k, bk), DOT_STAGES)
+        rounds = triton.cdiv(k, bk)
+        splits = _split(triton.cdiv(n, DOT_BN), rounds)
+        return Tiles(padded, DOT_BN, bk, rounds // splits, DOT_STAGES, splits)
     bk = min(triton.next_power_of_2(k), max(16, TILE // (padded * BN)))
     return Tiles(padded, BN, bk, triton.cdiv(k, bk), 1)
 
@@ -330,6 +394,17 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
+@functools.lru_cache(maxsize=None)
+def _semaphores(device: torch.device) -> torch.Tensor:
+    """Column blocks' arrival counts for a split K (`_split_sum`), zero between launches: each launch's last
+    arriver zeroes what it counted, and a launch counts only after the previous kernel is done (stream order, and
+    PDL's wait ahead of every load in the tl.dot path), so every GEMV of every step shares them. Made once, before
+    any capture (graph warm-ups run first), and never freed."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("fused_layer: the split-K semaphores must exist before a CUDA graph capture")
+    return torch.zeros(MAX_BLOCKS, dtype=torch.int32, device=device)
+
+
 def _splits(upper: int, kv_heads: int, device: torch.device) -> tuple[int, int]:
     """(chunk, splits): keys per program and programs per KV head for a cache read up to `upper` positions —
     about 2 programs per SM, no chunk shorter than a tile, at most MAX_SPLITS."""
@@ -349,16 +424,17 @@ def layer(x: torch.Tensor, w: Weights, shape: Shape, cos: torch.Tensor, sin: tor
     rows, hidden = x.shape
     heads, kv_heads, dim = shape
     group, half = heads // kv_heads, dim // 2
-    qkv = _tiles(rows, 2 * half, hidden)
-    q = x.new_empty(rows, heads, dim)
     pairs = (heads + 2 * kv_heads) * half
+    qkv = _tiles(rows, pairs, hidden)
+    q = x.new_empty(rows, heads, dim)
     bias = w.qkv_bias if w.qkv_bias is not None else w.qkv
-    _qkv_rope_cache[(triton.cdiv(pairs, qkv.bn),)](
-        x, w.input_norm, w.qkv, bias, cos, sin, ids, q, keys, values, w.eps, hidden, x.stride(0),
-        w.qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0),
-        values.stride(1), T=rows, ROWS=qkv.rows, HQ=heads, HKV=kv_heads, DIM=dim, BP=qkv.bn, BK=qkv.bk,
-        ROUNDS=qkv.rounds, STAGES=qkv.stages, HAS_BIAS=w.qkv_bias is not None, PDL=pdl, launch_pdl=pdl,
-        num_warps=_warps(2 * qkv.bn * qkv.bk))
+    sem = _semaphores(x.device)
+    _qkv_rope_cache[qkv.grid(pairs)](
+        x, w.input_norm, w.qkv, bias, cos, sin, ids, q, keys, values, qkv.workspace(x, pairs, True), sem, w.eps,
+        hidden, x.stride(0), w.qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1), keys.stride(0),
+        keys.stride(1), values.stride(0), values.stride(1), T=rows, ROWS=qkv.rows, HQ=heads, HKV=kv_heads,
+        DIM=dim, BP=qkv.bn, BK=qkv.bk, ROUNDS=qkv.rounds, STAGES=qkv.stages, SPLITS=qkv.splits,
+        HAS_BIAS=w.qkv_bias is not None, PDL=pdl, launch_pdl=pdl, num_warps=_warps(2 * qkv.bn * qkv.bk))
     chunk, splits = _splits(upper, kv_heads, x.device)
     rp, dp = max(ROWS_MIN, triton.next_power_of_2(group * rows)), max(16, triton.next_power_of_2(dim))
     m = torch.empty(kv_heads * splits * rp, device=x.device, dtype=torch.float32)
@@ -371,24 +447,25 @@ def layer(x: torch.Tensor, w: Weights, shape: Shape, cos: torch.Tensor, sin: tor
     attended = x.new_empty(rows, heads * dim)
     _combine[(heads, rows)](m, l_sum, acc, attended, attended.stride(0), splits, dim, T=rows, G=group, RP=rp, DP=dp,
                             SP=triton.next_power_of_2(splits), PDL=pdl, launch_pdl=pdl)
-    h = _residual(attended, w.o_proj, x, pdl)
+    h = _residual(attended, w.o_proj, x, sem, pdl)
     inter = w.gate.shape[0]
     act = x.new_empty(rows, inter)
     mlp = _tiles(rows, inter, hidden)
-    _gate_up[(triton.cdiv(inter, mlp.bn),)](
-        h, w.post_norm, w.gate, w.up, act, w.eps, hidden, inter, h.stride(0), w.gate.stride(0), act.stride(0),
-        T=rows, ROWS=mlp.rows, BN=mlp.bn, BK=mlp.bk, ROUNDS=mlp.rounds, STAGES=mlp.stages, PDL=pdl, launch_pdl=pdl,
-        num_warps=_warps(2 * mlp.bn * mlp.bk))
-    return _residual(act, w.down, h, pdl)
+    _gate_up[mlp.grid(inter)](
+        h, w.post_norm, w.gate, w.up, act, mlp.workspace(x, inter, True), sem, w.eps, hidden, inter, h.stride(0),
+        w.gate.stride(0), act.stride(0), T=rows, ROWS=mlp.rows, BN=mlp.bn, BK=mlp.bk, ROUNDS=mlp.rounds,
+        STAGES=mlp.stages, SPLITS=mlp.splits, PDL=pdl, launch_pdl=pdl, num_warps=_warps(2 * mlp.bn * mlp.bk))
+    return _residual(act, w.down, h, sem, pdl)
 
 
-def _residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, pdl: bool) -> torch.Tensor:
+def _residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, sem: torch.Tensor,
+              pdl: bool) -> torch.Tensor:
     """residual + x · weightᵀ, the product rounded to the activation dtype first (as stock's linear, then add)."""
     (rows, k), n = x.shape, weight.shape[0]
     out = torch.empty_like(residual)
     t = _tiles(rows, n, k)
-    _gemv_residual[(triton.cdiv(n, t.bn),)](x, weight, residual, out, k, n, x.stride(0), weight.stride(0),
-                                            residual.stride(0), out.stride(0), T=rows, ROWS=t.rows, BN=t.bn, BK=t.bk,
-                                            ROUNDS=t.rounds, STAGES=t.stages, PDL=pdl, launch_pdl=pdl,
-                                            num_warps=_warps(t.bn * t.bk))
+    _gemv_residual[t.grid(n)](x, weight, residual, out, t.workspace(x, n, False), sem, k, n, x.stride(0),
+                              weight.stride(0), residual.stride(0), out.stride(0), T=rows, ROWS=t.rows, BN=t.bn,
+                              BK=t.bk, ROUNDS=t.rounds, STAGES=t.stages, SPLITS=t.splits, PDL=pdl, launch_pdl=pdl,
+                              num_warps=_warps(t.bn * t.bk))
     return out
