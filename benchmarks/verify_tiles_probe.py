@@ -53,13 +53,16 @@ def candidate(bn: int, bk: int, stages: int, programs: int = 0):  # noqa: ANN201
 
 def per_gemv(qkv: int, o_proj: int, down: int, gate_up: int):  # noqa: ANN201
     """The current tiles for ≥ 16 padded rows with K split per GEMV of the default model as given (q/k/v: 480
-    rotation pairs of K 576; o_proj: 576 × 576; down: 576 × 1536; gate/up: 1,536 × 576); 1: not split."""
+    rotation pairs of K 576; o_proj: 576 × 576; down: 576 × 1536; gate/up: 1,536 × 576); 1: not split. Default
+    model only (another model's shapes are not in the table). Since round four, `current` splits K (64 programs):
+    `dot16x64s8` is the unsplit tiling earlier files call current."""
     splits = {(480, 576): qkv, (576, 576): o_proj, (576, 1536): down, (1536, 576): gate_up}
 
     def tiles(rows: int, n: int, k: int) -> fused_layer.Tiles:
         t = candidate(16, 64, 8)(rows, n, k)
         if t.rows < fused_layer.DOT_ROWS:
             return t
+        assert t.rounds % splits[n, k] == 0, (n, k, t.rounds)  # a split takes whole rounds, every one of them
         return t._replace(rounds=t.rounds // splits[n, k], splits=splits[n, k])
     return tiles
 

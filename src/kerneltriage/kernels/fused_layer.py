@@ -394,12 +394,18 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-@functools.lru_cache(maxsize=None)
 def _semaphores(device: torch.device) -> torch.Tensor:
     """Column blocks' arrival counts for a split K (`_split_sum`), zero between launches: each launch's last
     arriver zeroes what it counted, and a launch counts only after the previous kernel is done (stream order, and
-    PDL's wait ahead of every load in the tl.dot path), so every GEMV of every step shares them. Made once, before
-    any capture (graph warm-ups run first), and never freed."""
+    PDL's wait ahead of every load in the tl.dot path), so every GEMV of every step shares them. Made once per
+    device ("cuda" and "cuda:0" are one), before any capture (graph warm-ups run first), and never freed."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _semaphores_on(device)
+
+
+@functools.lru_cache(maxsize=None)
+def _semaphores_on(device: torch.device) -> torch.Tensor:
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("fused_layer: the split-K semaphores must exist before a CUDA graph capture")
     return torch.zeros(MAX_BLOCKS, dtype=torch.int32, device=device)
