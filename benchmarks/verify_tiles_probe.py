@@ -37,7 +37,7 @@ CURRENT = fused_layer._tiles
 def candidate(bn: int, bk: int, stages: int, programs: int = 0):  # noqa: ANN201
     """Tiles for ≥ 16 padded rows: `bn` columns, K in rounds of `bk` (at most K, padded to a power of two),
     `stages` rounds in flight (Triton's software pipelining; 1: one round at a time, as before 2026-12-01), K split
-    over programs until there are `programs` of them (`fused_layer._split`; 0: not split). A tile of fewer than 16
+    over programs until there are `programs` of them (`fused_layer._k_splits`; 0: not split). A tile of fewer than 16
     columns sums on the CUDA cores. Fewer rows keep the current one-row tiles."""
     def tiles(rows: int, n: int, k: int) -> fused_layer.Tiles:
         padded = triton.next_power_of_2(rows)
@@ -46,7 +46,7 @@ def candidate(bn: int, bk: int, stages: int, programs: int = 0):  # noqa: ANN201
         size = min(triton.next_power_of_2(k), bk)
         rounds = triton.cdiv(k, size)
         with _programs(programs):
-            splits = fused_layer._split(triton.cdiv(n, bn), rounds)
+            splits = fused_layer._k_splits(triton.cdiv(n, bn), rounds)
         return fused_layer.Tiles(padded, bn, size, rounds // splits, stages, splits)
     return tiles
 

@@ -34,7 +34,7 @@ MAX_ROWS = 32  # decode (1) and speculative verify (k + 1 ≤ 17 for suffix:16) 
 BN = 4  # output columns (q/k/v: rotation pairs) per GEMV program
 DOT_ROWS, DOT_BN, DOT_BK = 16, 16, 64  # from 16 padded rows the GEMVs use tl.dot (`_gemv2`), in these tiles,
 DOT_STAGES = 8  # with this many rounds of K in flight (Triton's software pipelining; `_tiles` has the numbers)
-SPLIT_PROGRAMS = 64  # a tl.dot GEMV's K split over programs until there are this many (0: never; `_split`)
+SPLIT_PROGRAMS = 64  # a tl.dot GEMV's K split over programs until there are this many (0: never; `_k_splits`)
 MAX_BLOCKS = 4096  # column blocks of one split-K GEMV at most (the semaphores: `_semaphores`)
 TILE = 8192  # elements of a GEMV program's (rows, columns, K) tile per weight: registers, not shared memory
 WIDE = 8192  # weight elements a program holds at once above which it runs 8 warps instead of 4
@@ -318,7 +318,7 @@ class Tiles(NamedTuple):
         return like.new_empty(blocks * splits * (2 if two else 1) * self.rows * self.bn, dtype=torch.float32)
 
 
-def _split(blocks: int, rounds: int) -> int:
+def _k_splits(blocks: int, rounds: int) -> int:
     """How many programs share each column block's K: the fewest that divides its rounds evenly and makes
     SPLIT_PROGRAMS programs in all (the most that divides them if none does); 1 when SPLIT_PROGRAMS is 0 or
     there are more than MAX_BLOCKS blocks. On the default model (30–96 column blocks of 16 on 132 SMs, K in 9 or
@@ -336,7 +336,7 @@ def _tiles(rows: int, n: int, k: int) -> Tiles:
     where the tile fits (one round of loads per program: these GEMVs are latency-bound), BN output columns per
     program (many programs: on the default model's 576-wide projections 4 columns per program gave 1,035 tok/s,
     8 gave 993 and 16 gave 835, and a tile of 8,192 or 32,768 elements the same 1,034; H200,
-    `fused-layer-probe-h200-first.json`); a tl.dot tile's K split over programs (`_split`)."""
+    `fused-layer-probe-h200-first.json`); a tl.dot tile's K split over programs (`_k_splits`)."""
     padded = triton.next_power_of_2(rows)
     if padded >= DOT_ROWS:  # tl.dot: 16 columns at least, K in rounds of 64, 8 in flight — a graphed verify of the
         # default model (9 / 16 rows) took 741 / 814 µs so, 816 / 836 with rounds of 256 (3 in flight), 1,050 / 1,198
@@ -344,7 +344,7 @@ def _tiles(rows: int, n: int, k: int) -> Tiles:
         # 541 (H200, verify-tiles-smollm2-preset-h200-pipelined.json; round one: verify-tiles-smollm2-preset-h200.json)
         bk = min(triton.next_power_of_2(k), DOT_BK)
         rounds = triton.cdiv(k, bk)
-        splits = _split(triton.cdiv(n, DOT_BN), rounds)
+        splits = _k_splits(triton.cdiv(n, DOT_BN), rounds)
         return Tiles(padded, DOT_BN, bk, rounds // splits, DOT_STAGES, splits)
     bk = min(triton.next_power_of_2(k), max(16, TILE // (padded * BN)))
     return Tiles(padded, BN, bk, triton.cdiv(k, bk), 1)
