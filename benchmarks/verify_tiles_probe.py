@@ -4,7 +4,8 @@ Why: on the H200 a 9-row verify of the default model took 1,537 µs against a pl
 (`spec-profile-repetitive-h200.json`): its GEMVs went through tl.dot in 16 × 16 × 128 tiles, ~30–100 programs each
 looping over K, 4× slower per launch than the one-row path. Each candidate below replaces `fused_layer._tiles`
 (rows, n, k) → `Tiles` (padded rows, columns per program, K per load round, rounds, rounds in flight); a tile with
-16+ rows and 16+ columns runs tl.dot, any other the CUDA cores' broadcast product. The first round (2026-11-30,
+16+ rows and 16+ columns runs tl.dot, any other the CUDA cores' broadcast product. `--rows` times other verify sizes
+(a verify's cost by rows: what deeper drafts or a smaller padded shape would cost). The first round (2026-11-30,
 verify-tiles-smollm2-preset-h200.json) chose 16 × 256 from one round at a time; the second adds the rounds in
 flight (the K loop pipelined, 2026-12-01). Per candidate: µs per graphed verify (200 replays queued)
 and per plain step, and the float32 verify logits' largest difference from the stock layers' (no fused_layer).
@@ -119,12 +120,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--candidates", default=ROUND4, help="names from CANDIDATES, comma-separated")
+    parser.add_argument("--rows", default="9,16", help="verify rows, comma-separated (default 9,16: k = 8 and 15; at "
+                        "most fused_layer.MAX_ROWS)")
     parser.add_argument("--out", default="verify-tiles.json")
     args = parser.parse_args()
+    rows_asked = [int(r) for r in args.rows.split(",")]
+    if not all(2 <= r <= fused_layer.MAX_ROWS for r in rows_asked):
+        parser.error(f"--rows {args.rows}: expected counts in 2..{fused_layer.MAX_ROWS}")
     checkpoint = load_checkpoint(args.model)
     result = {"benchmark": "verify-tiles", "model": args.model, "position": POSITION, "rows": {},
               "environment": capture_environment()}
-    for rows in (9, 16):
+    for rows in rows_asked:
         _, reference = verify_logits(checkpoint, STOCK, "float32", rows)
         drafts = list(range(7, 7 + rows - 1))
         stock, _ = verify_logits(checkpoint, STOCK, "bfloat16", rows)
