@@ -50,7 +50,7 @@ def _layer_run(runner, cache_type: type, rows: int, depth: int, window: int | No
     return out, cache
 
 
-# decode rows and verify rows (17: suffix:16's k + 1) at depths 0 and past a tile, in the eager and the static (graph)
+# decode rows and verify rows (17: past one 16-row tile) at depths 0 and past a tile, in the eager and the static (graph)
 # cache layout; qwen2: biases on q, k and v
 @pytest.mark.parametrize(("arch", "rows", "depth", "static"), [
     ("llama", 1, 0, False), ("llama", 1, 70, True), ("llama", 9, 70, False), ("llama", 17, 33, True),

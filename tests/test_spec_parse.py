@@ -33,8 +33,8 @@ def test_parse_speculation(spec: str | None, depth: str | None, expected: Specul
 @pytest.mark.parametrize("spec, depth, message", [
     ("eagle", None, "expected ngram"), ("selfdraft:0", None, "expected ngram"), ("selfdraft:x", None, "expected"),
     ("draft:", None, "expected"), ("ngram:", None, "expected"), ("ngram:0", None, "expected ngram"),
-    ("ngram", "0", "1..16"), ("ngram", "17", "1..16"), ("ngram", "deep", "or auto"), (None, "4", "needs --spec"),
-    ("suffix:0", None, "expected ngram"), ("suffix:17", None, "1..16"), ("suffix:", None, "expected"),
+    ("ngram", "0", "1..31"), ("ngram", "32", "1..31"), ("ngram", "deep", "or auto"), (None, "4", "needs --spec"),
+    ("suffix:0", None, "expected ngram"), ("suffix:32", None, "1..31"), ("suffix:", None, "expected"),
 ])
 def test_bad_spec_is_an_input_error(spec: str | None, depth: str | None, message: str) -> None:
     with pytest.raises(InputError, match=message):
@@ -43,10 +43,10 @@ def test_bad_spec_is_an_input_error(spec: str | None, depth: str | None, message
 
 @pytest.mark.parametrize("changes, message", [
     (dict(source="medusa"), "spec source"), (dict(source="ngram", depth=0), "depth=0"),
-    (dict(source="ngram", depth=17), "depth=17"), (dict(source="ngram", layers=2), "layers=2"),
+    (dict(source="ngram", depth=32), "depth=32"), (dict(source="ngram", layers=2), "layers=2"),
     (dict(source="selfdraft", layers=0), "layers=0"), (dict(source="draft"), "draft_model=None"),
     (dict(source="selfdraft", draft_model="x"), "draft_model='x'"), (dict(source="ngram", ngram_max=0), "ngram_max"),
-    (dict(source="suffix", suffix_max=0), "suffix_max"), (dict(source="suffix", suffix_max=17), "suffix_max"),
+    (dict(source="suffix", suffix_max=0), "suffix_max"), (dict(source="suffix", suffix_max=32), "suffix_max"),
 ])
 def test_speculation_validates(changes: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -61,7 +61,7 @@ def test_label_says_what_runs() -> None:
 
 
 @pytest.mark.parametrize("spec, depth, text", [
-    ("ngram", None, "ngram:3"), ("ngram:5", "2", "ngram:5"), ("suffix", None, "suffix:16"), ("suffix:6", "4", "suffix:6"), ("selfdraft", "4", "selfdraft"),
+    ("ngram", None, "ngram:3"), ("ngram:5", "2", "ngram:5"), ("suffix", None, "suffix:31"), ("suffix:6", "4", "suffix:6"), ("selfdraft", "4", "selfdraft"),
     ("selfdraft:7", None, "selfdraft:7"), ("draft:models/small.gguf", "auto", "draft:models/small.gguf"),
 ])
 def test_source_text_parses_back_to_the_same_speculation(spec: str, depth: str | None, text: str) -> None:

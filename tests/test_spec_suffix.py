@@ -1,13 +1,20 @@
 """The suffix drafter: the automaton's longest earlier match against brute force, the continuation it proposes,
-and the draft length that follows the match's statistics (greedy exactness: test_speculative.py)."""
+the draft length that follows the match's statistics and the padded shapes, a copy followed without the automaton,
+and the decoder's padding and prompt indexing around it (greedy exactness: test_speculative.py)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from test_spec_tree import OracleTarget
+from kerneltriage.backends.torch.sampling import TorchSampler
+from kerneltriage.engine.sampling import SamplingParams
+from kerneltriage.engine.speculative.config import VERIFY_BUCKETS, parse_speculation
+from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
 from kerneltriage.engine.speculative.suffix import LONG_MATCH, SuffixAutomaton, SuffixDrafter, draft_length
 
 
@@ -104,3 +111,86 @@ def test_a_branchy_short_match_drafts_one_token() -> None:
     drafter = SuffixDrafter(16)
     draft = drafter.draft([5, 6, 1, 9, 5, 6, 2, 9, 5, 6, 3, 9, 5, 6], 8, sampler=None)
     assert draft is not None and draft.tokens == [3]
+
+
+def test_a_padded_verify_drafts_one_shape_unless_the_match_is_long() -> None:
+    """Padded shapes of 16 and 32 rows: a draft of up to 15 costs one shape whatever its length, so any match that
+    drafts at all drafts 15; only a long match (a copy in progress) drafts past it, to the limit."""
+    phrase = list(range(40, 80))
+    short = [7, 9, 8] + phrase + [1, 2, 3, 5, 6] + phrase[:5]  # a 5-token match
+    long = short + phrase[5:5 + LONG_MATCH]
+    sizes = []
+    for context in (short, long):
+        drafter = SuffixDrafter(31)
+        drafter.reset(SimpleNamespace(pads_verify=True), 128)
+        sizes.append(drafter.draft(context, 31, sampler=None).size)
+    assert sizes == [VERIFY_BUCKETS[0] - 1, 31]
+
+
+def test_a_copy_in_progress_is_followed_without_the_automaton() -> None:
+    """Copying a 60-token line: each draft of a followed copy equals what the automaton proposes from the whole text,
+    while the automaton lags behind the text until `catch_up` (its host time moved off the verify's path)."""
+    line = [(7 * i) % 97 + 100 for i in range(60)]
+    context = line + [1, 2] + line[:LONG_MATCH + 1]
+    drafter, followed = SuffixDrafter(31), 0
+    drafter.reset(SimpleNamespace(pads_verify=True), 256)
+    drafter.catch_up(context)
+    while len(context) < 2 * len(line):
+        draft = drafter.draft(context, 31, sampler=None)
+        fresh = SuffixDrafter(31)
+        fresh.reset(SimpleNamespace(pads_verify=True), 256)
+        assert draft.tokens == fresh.draft(context, 31, sampler=None).tokens
+        lagging = len(drafter.automaton.tokens) < len(context)
+        followed += lagging
+        drafter.catch_up(context)
+        assert drafter.automaton.tokens == context and drafter.automaton.match == fresh.automaton.match
+        context = context + draft.tokens[:5 + len(context) % 7]  # accepted prefixes of several lengths
+    assert followed >= 5
+
+
+def test_a_copy_that_changes_course_goes_back_to_the_automaton() -> None:
+    """The text since the last draft left the source: no copy to follow, the automaton drafts (and is current)."""
+    line = list(range(100, 160))
+    context = line + [1, 2] + line[:20]
+    drafter = SuffixDrafter(31)
+    drafter.reset(SimpleNamespace(pads_verify=True), 256)
+    drafter.draft(context, 31, sampler=None)
+    context = context + [line[20], 999]  # one token as copied, then one the source never had
+    drafter.draft(context, 31, sampler=None)
+    assert drafter.automaton.tokens == context
+
+
+class PaddedOracle(OracleTarget):
+    """The planted-text target with verifies captured at fixed shapes: records each verify's rows, and how much of
+    the text the drafter had indexed when the prefill's token was read."""
+
+    pads_verify = True
+
+    def __init__(self, text: list[int], drafter: SuffixDrafter) -> None:
+        super().__init__(text)
+        self.drafter, self.rows, self.indexed_at_first_read = drafter, [], None
+
+    def verify(self, last: int, drafts: list[int], start: int, rows: int) -> torch.Tensor:
+        self.rows.append((len(drafts), rows))
+        return super().verify(last, drafts, start, rows)
+
+    def read_later(self, token: torch.Tensor):  # noqa: ANN201
+        if self.indexed_at_first_read is None:
+            self.indexed_at_first_read = len(self.drafter.automaton.tokens)
+        return super().read_later(token)
+
+
+def test_the_decoder_pads_each_verify_to_the_smallest_shape_and_indexes_the_prompt_during_the_prefill() -> None:
+    line = [(7 * i) % 61 + 2 for i in range(60)]
+    text = line + [1] + line + [1] + line
+    prompt = text[:len(line) + 1 + 12]
+    drafter = SuffixDrafter(31)
+    decoder = SpeculativeDecoder(parse_speculation("suffix"), drafter)
+    target = PaddedOracle(text, drafter)
+    sampler = TorchSampler(SamplingParams(), prompt, torch.device("cpu"))
+    out = list(decoder(target, target._rows(len(prompt) - 1, [[prompt[-1]]]), len(prompt), len(text) - len(prompt),
+                       sampler))
+    assert prompt + out == text
+    assert target.indexed_at_first_read == len(prompt)  # indexed before the prefill's token was waited for
+    assert target.rows and all(rows == (16 if drafted < 16 else 32) for drafted, rows in target.rows)
+    assert {rows for _, rows in target.rows} == {16, 32}, target.rows

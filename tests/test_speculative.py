@@ -19,7 +19,7 @@ from kerneltriage.backends.torch.speculative import SelfDrafter, install_specula
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.generation import generate_step
 from kerneltriage.engine.sampling import SamplingParams
-from kerneltriage.engine.speculative.config import Speculation, parse_speculation
+from kerneltriage.engine.speculative.config import Speculation, padded_rows, parse_speculation
 from kerneltriage.engine.speculative.controller import DepthController
 from kerneltriage.engine.speculative.decoder import SPEC_COUNTER
 from kerneltriage.engine.speculative.draft import Draft
@@ -365,6 +365,11 @@ def test_the_chi_square_test_detects_the_draft_distribution() -> None:
         assert_follows(draws, p)
 
 
+def verified_rows(controller: DepthController, k: int) -> int:
+    """Rows a verify of k drafts computes, as the decoder pads it."""
+    return padded_rows(k, controller.deepest) if controller.padded else k + 1
+
+
 def drive(controller: DepthController, acceptance: list[float], draft_ms: float, row_ms: float,
           steps: int = 200, plain_ms: float = 10.0) -> list[int]:
     """Synthetic costs: plain 10 ms, verify = plain + row_ms per draft (per padded row when the controller is
@@ -379,8 +384,8 @@ def drive(controller: DepthController, acceptance: list[float], draft_ms: float,
         n = 0
         while n < k and rng.random() < acceptance[min(n, len(acceptance) - 1)]:
             n += 1
-        rows = controller.deepest if controller.padded else k
-        controller.observe_verify(k, n, k * draft_ms / 1e3, (plain_ms + rows * row_ms) / 1e3)
+        rows = verified_rows(controller, k)
+        controller.observe_verify(k, n, k * draft_ms / 1e3, (plain_ms + (rows - 1) * row_ms) / 1e3, rows)
     return depths
 
 
@@ -418,7 +423,7 @@ def drive_with_shadows(controller: DepthController, rate_at: Callable[[int], flo
         depths.append(k)
         if k:
             n = next((i for i in range(k) if rng.random() >= rate), k)
-            controller.observe_verify(k, n, k * 1e-4, verify_ms(k) / 1e3)
+            controller.observe_verify(k, n, k * 1e-4, verify_ms(k) / 1e3, verified_rows(controller, k))
             shadows = []
             continue
         controller.observe_plain(0.010)
@@ -506,8 +511,29 @@ def test_padded_controller_keeps_the_deepest_k_through_an_early_miss() -> None:
     for accepted in [2, 2, 2] + [8] * 20:
         k = controller.next_depth()
         depths.append(k)
-        controller.observe_verify(k, min(k, accepted), k * 1e-5, 0.013)  # 0.01 ms a draft, 13 ms a verify
+        controller.observe_verify(k, min(k, accepted), k * 1e-5, 0.013, 9)  # 0.01 ms a draft, 13 ms a verify
     assert set(depths) == {8} and controller.expected_tokens(8) > 8
+
+
+def test_padded_controller_prices_each_shape() -> None:
+    """Shapes of 16 and 32 rows (k ≤ 15 and ≤ 31) and drafts accepted 90% per position: E(15) ≈ 7.9 and E(31) ≈ 9.3
+    tokens. A 32-row verify at 14 ms (16 rows: 13 ms, a plain step 10) pays for its extra tokens, and k stays 31 (but
+    for the odd judgement); at 40 ms it does not, and the controller, having measured it once, drafts ≤ 15."""
+    for big_ms, deep in ((14.0, True), (40.0, False)):
+        controller, rng, depths = DepthController(None, 31, padded=True), random.Random(1), []
+        for _ in range(2):
+            controller.observe_plain(0.010)
+        for _ in range(120):
+            k = controller.next_depth()
+            depths.append(k)
+            n = next((i for i in range(k) if rng.random() >= 0.9), k)
+            rows = verified_rows(controller, k)
+            controller.observe_verify(k, n, 0.0, (13.0 if rows == 16 else big_ms) / 1e3, rows)
+        late = depths[20:]
+        if deep:  # (the two estimates are ~10% apart: the odd judgement tips to 15 for three verifies)
+            assert depths[0] == 31 and sum(k > 15 for k in late) >= 0.75 * len(late), depths
+        else:
+            assert depths[0] == 31 and max(late) <= 15, depths
 
 
 def test_fixed_depth_is_never_changed() -> None:
@@ -518,7 +544,7 @@ def test_fixed_depth_is_never_changed() -> None:
 def test_one_slow_step_does_not_switch_speculation_off() -> None:
     controller = DepthController(None)
     drive(controller, [0.95], draft_ms=0.1, row_ms=0.5, steps=20)
-    controller.observe_verify(4, 4, 0.0, 2.0)  # a 2 s hiccup (another process, a page fault)
+    controller.observe_verify(4, 4, 0.0, 2.0, 5)  # a 2 s hiccup (another process, a page fault)
     drive(controller, [0.95], draft_ms=0.1, row_ms=0.5, steps=50)
     assert not any(d.depth == 0 for d in controller.decisions)
 

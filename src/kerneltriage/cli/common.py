@@ -13,7 +13,7 @@ from typing import Any
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.levers import help_table
-from kerneltriage.engine.speculative.config import SPEC_HELP
+from kerneltriage.engine.speculative.config import AUTO_MAX_DEPTH, MAX_DEPTH, PADDED_MAX_DEPTH, SPEC_HELP
 
 def _presets_help() -> str:
     from kerneltriage.engine.presets import PRESETS
@@ -44,8 +44,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     add("--levers", default="", help="comma-separated levers to switch on (listed below), e.g. last_logits,graphs")
     add("--spec", default=None, help=f"speculative decoding: {SPEC_HELP} (suffix:tree: temperature 0 and eager "
                                      "levers only)")
-    add("--spec-depth", default=None, help="draft tokens per step: 1..16 or auto (default: auto — the cost model "
-        "picks k ≤ 8, ≤ 15 for a lookup where verifies are graphed)")
+    add("--spec-depth", default=None, help=f"draft tokens per step: 1..{MAX_DEPTH} or auto (default: auto — the cost "
+        f"model picks k ≤ {AUTO_MAX_DEPTH}, ≤ {PADDED_MAX_DEPTH} for a lookup where verifies are graphed)")
 
 
 def run_config(args: argparse.Namespace, speculate: bool = True) -> RunConfig:

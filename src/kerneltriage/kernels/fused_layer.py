@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_ROWS = 32  # decode (1) and speculative verify (k + 1 ≤ 17 for suffix:16) rows; prompts take the stock layer
+MAX_ROWS = 32  # decode (1) and speculative verify (k + 1 ≤ 32 for suffix:31) rows; prompts take the stock layer
 BN = 4  # output columns (q/k/v: rotation pairs) per GEMV program
 DOT_ROWS, DOT_BN, DOT_BK = 16, 16, 64  # from 16 padded rows the GEMVs use tl.dot (`_gemv2`), in these tiles,
 DOT_STAGES = 8  # with this many rounds of K in flight (Triton's software pipelining; `_tiles` has the numbers)

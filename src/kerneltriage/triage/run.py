@@ -167,12 +167,12 @@ def stage_fastpath(state: _State) -> None:
 
 def sweep_rows(runner: Runner) -> tuple[int, ...] | None:
     """The M values to sweep: None (the default 1…16) without speculation, else 1 and the rows its verifies take —
-    the deepest k + 1 where they are padded to one shape, each k + 1 the depth may pick otherwise."""
+    each padded shape where they are padded, each k + 1 the depth may pick otherwise."""
     decoder = runner.speculation
     if decoder is None:
         return None
-    if decoder.rows(runner):
-        return (1, decoder.rows(runner))
+    if decoder.shapes(runner):
+        return (1, *decoder.shapes(runner))
     deepest = decoder.deepest(runner)
     return (1,) + tuple(k + 1 for k in ([deepest] if decoder.speculation.depth else range(1, deepest + 1)))
 

@@ -15,22 +15,23 @@ if TYPE_CHECKING:
 def forced_logits(runner: "Runner", prompt: Sequence[int], fed: Sequence[int] | None, count: int
                   ) -> tuple[np.ndarray, list[int]]:
     """Float32 logits (count, V) after the prompt and after each of the tokens `fed` (None: the runner's own
-    greedy tokens), and the tokens fed. A speculating runner takes them through its verify forward, its deepest
-    k+1 rows at a time (padded like its own loop pads), so the path its speculation runs is the one checked; the
-    others through their decode step."""
+    greedy tokens), and the tokens fed. A speculating runner takes them through its verify forward, a block of
+    each of its padded shapes in turn (unpadded: its deepest k+1 rows at a time), so the paths its speculation runs
+    are the ones checked; the others through their decode step."""
     if fed is not None and len(fed) >= count - 1 and _stock(runner):
         return _one_forward(runner, prompt, list(fed)[: count - 1]), list(fed)[: count - 1]
     runner.reset_cache(len(prompt) + count)
     rows = [_host_row(runner.prefill(prompt, 0)[0])]
     position, fed = len(prompt), list(fed or [])[: count - 1]
-    block = runner.speculation.deepest(runner) + 1 if runner.speculation else 0
-    if block and len(fed) < count - 1:
+    blocks = _verify_blocks(runner)
+    if blocks and len(fed) < count - 1:
         raise ValueError("a speculating runner is checked on the reference's tokens: pass them")
-    pad = runner.speculation.rows(runner) if runner.speculation else 0
     while len(rows) < count:
         done = len(rows) - 1  # tokens fed so far
-        if block:
-            chunk = fed[done:done + block]
+        if blocks:
+            size, pad = blocks[0]
+            blocks.append(blocks.pop(0))  # each verify shape in turn
+            chunk = fed[done:done + size]
             rows += list(_host_row(runner.verify(chunk[0], chunk[1:], position + done, pad)))
             runner.trim_cache(position + done + len(chunk))
             continue
@@ -38,6 +39,15 @@ def forced_logits(runner: "Runner", prompt: Sequence[int], fed: Sequence[int] | 
             fed.append(int(rows[-1].argmax()))
         rows.append(_host_row(runner.decode(fed[done], position + done)[0]))
     return np.stack(rows), fed
+
+
+def _verify_blocks(runner: "Runner") -> list[tuple[int, int]]:
+    """(tokens, padded rows) of each verify a speculating runner's check takes in turn: every padded shape its loop
+    may use, full; unpadded, the deepest k + 1 unpadded. None speculating: []."""
+    decoder = runner.speculation
+    if decoder is None:
+        return []
+    return [(rows, rows) for rows in decoder.shapes(runner)] or [(decoder.deepest(runner) + 1, 0)]
 
 
 def _host_row(logits: torch.Tensor) -> np.ndarray:

@@ -13,15 +13,19 @@ if TYPE_CHECKING:
     from kerneltriage.engine.checkpoint import Checkpoint
 
 SOURCES = ("ngram", "suffix", "selfdraft", "draft")
-MAX_DEPTH = 16  # deepest --spec-depth accepted
+MAX_DEPTH = 31  # deepest --spec-depth and suffix:N accepted: a verify of 32 rows, fused_layer's MAX_ROWS
 AUTO_START_DEPTH = 4  # where --spec-depth auto begins
 AUTO_MAX_DEPTH = 8  # auto grows k no further (an eager verify: its cost grows with the rows)
-# ... and for a lookup drafter where verifies are captured at one padded shape: 16 rows, the most the row-limited paths
-# take (the quantized GEMV, flex_decode, the kernel seams) and one tile of fused_layer's 16-row GEMVs: a graphed verify
-# of the default model's shapes costs 1,191 µs at 9 rows padded to 16, 1,229 at 17 padded to 32 (H200,
-# benchmarks/results/verify-tiles-smollm2-preset-h200.json), so deeper drafts are nearly free there. A model drafter
-# keeps AUTO_MAX_DEPTH: each of its tokens is a forward of its own.
-PADDED_MAX_DEPTH = MAX_DEPTH - 1
+# Where verifies are captured at fixed shapes (graphs), the rows a verify is padded to: the smallest of these that
+# holds its k + 1. A graphed verify of the default model's shapes at 2 / 4 / 8 / 16 / 24 / 32 rows cost 661 / 976 /
+# 1,564 / 729 / 828 / 845 µs against a plain step's 545–585 (H200, verify-rows-smollm2-preset-h200.json: from 16 rows
+# the GEMVs run tl.dot, below it the CUDA cores' sums): 16 rows cost what 9 do, and 32 cost 16% more than 16. So a
+# lookup drafter drafts up to 15 tokens for the price of one padded shape, and to 31 where a long match says a copy
+# is in progress (suffix.py). The row-limited paths (the quantized GEMV, flex_decode, the kernel seams: ≤ 16 rows)
+# take a 32-row verify through the stock ops; the controller measures each shape's cost. A model drafter keeps
+# AUTO_MAX_DEPTH: each of its tokens is a forward of its own.
+VERIFY_BUCKETS = (16, 32)
+PADDED_MAX_DEPTH = VERIFY_BUCKETS[-1] - 1
 DEFAULT_NGRAM = 3  # ngram: longest context suffix matched
 DEFAULT_SUFFIX = MAX_DEPTH  # suffix: most tokens one step drafts (the match's statistics pick fewer)
 SPEC_HELP = "ngram[:N] | suffix[:N] | suffix:tree | selfdraft[:L] | draft:MODEL"
@@ -32,6 +36,12 @@ TREE_EAGER_ONLY = ("a token tree is verified eagerly only (compile, graphs and f
                    "causal blocks, not a tree mask); use suffix[:N] with those levers")
 LOOKUP_SOURCES = ("ngram", "suffix")  # drafting from the text alone: no forward, so it can be scored for free
 VOCAB_PROBE = "The quick brown fox → 42 façades, 東京 and `def f(x): return x**2` {\"a\": [1, 2]}"
+
+
+def padded_rows(k: int, deepest: int) -> int:
+    """The rows a padded verify of k drafts computes: the smallest of VERIFY_BUCKETS that holds k + 1, or deepest + 1
+    where that is smaller (a fixed depth, or a drafter whose limit is shallower)."""
+    return min(next((rows for rows in VERIFY_BUCKETS if rows > k), k + 1), deepest + 1)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass
 from statistics import median
 
-from kerneltriage.engine.speculative.config import AUTO_MAX_DEPTH, AUTO_START_DEPTH
+from kerneltriage.engine.speculative.config import AUTO_MAX_DEPTH, AUTO_START_DEPTH, padded_rows
 
 WARMUP_STEPS = 3  # verify steps between two judgements of the depth
 CALIBRATION_STEPS = 2  # plain steps that measure the plain step's cost before auto depth first speculates
@@ -37,21 +37,23 @@ class DepthController:
 
     A step drafting j tokens emits E(j) = 1 + Σ_{i<j} Π_{m≤i} α_m tokens, α_m = P(draft m accepted | drafts
     before it accepted), and costs C(j) = plain + j·(draft per token + verify per extra row): a line through the
-    measured plain step (M = 1) and the measured verify steps (costs are medians of recent steps). Speculating
+    measured plain step (M = 1) and the measured verify steps (costs are medians of recent steps); padded, the
+    verify's part is what the shape a draft of j is padded to (config.padded_rows) measured, a line through the
+    others until it has been seen. Speculating
     pays while E(j)·plain > C(j); k is set to the best j ≤ k + 1, and when even that loses, speculation is off
     until shadow drafts (scored for free during plain steps, `observe_shadow`) bring the estimate back to
     RESUME_SPEEDUP — with the measured costs kept from before; a drafter that cannot shadow waits out a cooldown of
-    plain steps and re-measures. Padded (every verify has the deepest k's rows, so C(j) grows with drafting only),
-    any j is an option and the deepest one within SHRINK_MARGIN of the best is kept. A fixed depth (`depth` given)
-    is never changed.
+    plain steps and re-measures. Padded (a verify costs its padded shape's price, so C(j) steps up only where j
+    needs a larger shape), any j is an option and the deepest one within SHRINK_MARGIN of the best is kept. A fixed
+    depth (`depth` given) is never changed.
     """
 
     def __init__(self, depth: int | None, max_depth: int = AUTO_MAX_DEPTH, padded: bool = False) -> None:
         self.adaptive = depth is None
         self.depth = depth or (max_depth if padded else AUTO_START_DEPTH)
         self.max_depth = max(self.depth, max_depth)
-        # Padded: every verify has the deepest step's rows (graph capture), so its cost does not shrink with k:
-        # auto depth starts at the deepest and only the drafting cost grows with k.
+        # Padded: a verify has its padded shape's rows (graph capture), so its cost steps with k rather than grows:
+        # auto depth starts at the deepest, which measures the largest shape too.
         self.padded = padded
         self.decisions: list[Decision] = []
         self.steps = self.plain_seen = self.cooldown = self.shadows = 0
@@ -60,6 +62,7 @@ class DepthController:
         self.plain_costs: deque[float] = deque(maxlen=COST_WINDOW)
         self.draft_costs: deque[float] = deque(maxlen=COST_WINDOW)  # seconds per drafted token
         self.row_costs: deque[float] = deque(maxlen=COST_WINDOW)  # verify seconds per row beyond the first
+        self.shape_costs: dict[int, deque[float]] = {}  # padded: verify seconds beyond a plain step, by rows
         self._reset_estimates()
 
     def carry_over(self, earlier: "DepthController") -> None:
@@ -74,6 +77,8 @@ class DepthController:
         for mine, theirs in ((self.plain_costs, earlier.plain_costs), (self.draft_costs, earlier.draft_costs),
                              (self.row_costs, earlier.row_costs)):
             mine.extend(theirs)
+        for rows, costs in earlier.shape_costs.items():
+            self.shape_costs[rows] = deque(costs, maxlen=COST_WINDOW)
         self.plain_seen = min(earlier.plain_seen, CALIBRATION_STEPS)
         self.off, self.cooldown, self.next_cooldown = earlier.off, earlier.cooldown, earlier.next_cooldown
 
@@ -125,7 +130,7 @@ class DepthController:
         # promised up to 16 tokens per verify — speculation flapped on and off where it loses.
         speedup = self.speedup(self.reach, SHADOW_PRIOR)
         if speedup >= RESUME_SPEEDUP:
-            # padded, any k costs the verify the same: the deepest within the margin; else no deeper than seen
+            # padded, a k costs its shape's price: the deepest within the margin; else no deeper than seen
             best = self._options(self.max_depth)[1] if self.padded else self.reach
             self.off, self.cooldown = False, 0
             tokens = self.expected_tokens(self.reach, SHADOW_PRIOR)
@@ -137,13 +142,16 @@ class DepthController:
         self.reached = [DECAY * r + (i <= min(accepted, drafted - 1)) for i, r in enumerate(self.reached)]
         self.accepted = [DECAY * a + (i < accepted) for i, a in enumerate(self.accepted)]
 
-    def observe_verify(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    def observe_verify(self, drafted: int, accepted: int, draft_s: float, verify_s: float, rows: int) -> None:
+        """A verify step of `drafted` tokens (`rows` computed, padding included) kept `accepted` of them."""
         self.steps += 1
         self._learn(drafted, accepted)
         self.draft_costs.append(draft_s / drafted)
         if self.plain_costs:
-            rows = self.deepest if self.padded else drafted  # rows beyond the first that the verify computed
-            self.row_costs.append(max(verify_s - median(self.plain_costs), 0.0) / rows)
+            extra = max(verify_s - median(self.plain_costs), 0.0)
+            self.row_costs.append(extra / max(rows - 1, 1))
+            if self.padded:
+                self.shape_costs.setdefault(rows, deque(maxlen=COST_WINDOW)).append(extra)
         self.until_judged -= 1
         if self.adaptive and self.row_costs and self.until_judged <= 0:
             self._judge()
@@ -161,15 +169,21 @@ class DepthController:
     def speedup(self, depth: int, prior: float = 0.0) -> float:
         """Estimated E(depth)·plain / C(depth): above 1, speculating at this depth beats plain decode."""
         plain = median(self.plain_costs)
-        rows = self.deepest if self.padded else depth
-        cost = plain + depth * median(self.draft_costs) + rows * median(self.row_costs)
+        cost = plain + depth * median(self.draft_costs) + self._verify_extra(depth)
         return self.expected_tokens(depth, prior) * plain / cost
 
+    def _verify_extra(self, depth: int) -> float:
+        """A verify of `depth` drafts beyond a plain step: padded, its shape's measured cost where it was seen; else
+        a line through every verify seen (seconds per row beyond the first)."""
+        rows = padded_rows(depth, self.deepest) if self.padded else depth + 1
+        seen = self.shape_costs.get(rows)
+        return median(seen) if seen else (rows - 1) * median(self.row_costs)
+
     def _options(self, top: int) -> tuple[int, int, dict[int, float]]:
-        """(the fastest k, the k to take, estimated speed-up per k ≤ top). Padded, any k costs the verify the same:
-        a shallower one saves drafting time only, and the positions it stops drafting are no longer observed (an
-        early miss would pin k for good): the deepest option within SHRINK_MARGIN of the best is taken. Unpadded,
-        a tie goes to the deeper one."""
+        """(the fastest k, the k to take, estimated speed-up per k ≤ top). Padded, the k that share a shape cost the
+        verify the same: a shallower one saves drafting time only, and the positions it stops drafting are no longer
+        observed (an early miss would pin k for good): the deepest option within SHRINK_MARGIN of the best is taken.
+        Unpadded, a tie goes to the deeper one."""
         options = {j: self.speedup(j) for j in range(top, 0, -1)}  # deepest first
         fastest = max(options, key=options.__getitem__)
         floor = max(options[fastest] * (1.0 - (SHRINK_MARGIN if self.padded else 0.0)), 1.0)

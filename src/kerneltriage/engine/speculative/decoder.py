@@ -2,12 +2,13 @@
 
 Each step drafts k tokens, runs the target once over [last, d1..dk] (M = k+1 rows, a causal block after the
 filled cache), keeps the accepted prefix plus one token of the target's own (the sampler's exact acceptance),
-and trims the cache past the rest. A runner whose steps are captured at fixed shapes pads every verify to the
-deepest step's k+1 rows. The controller picks k before each step, 0 being a plain step; during plain steps a
+and trims the cache past the rest. A runner whose steps are captured at fixed shapes pads each verify to the
+smallest of a few shapes that holds it (config.VERIFY_BUCKETS). The controller picks k before each step, 0 being a plain step; during plain steps a
 lookup drafter's proposals are scored against the emitted tokens (shadow acceptance) for the controller. Plain
 steps run pipelined, as `one_sync` runs them: the next one is queued before a token is read, so the host's work on
 that token (the controller, shadow drafts, the next draft) overlaps the device's next step — also while drafting is
-on and a lookup drafter finds nothing to draft, until it does.
+on and a lookup drafter finds nothing to draft, until it does. A lookup drafter indexes the prompt while the prefill
+runs, and the text it drafted past while the verify runs (`catch_up`): its host work stays off the device's path.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import time
 from typing import TYPE_CHECKING, Any, Iterator
 
 from kerneltriage.core.errors import InputError
-from kerneltriage.engine.speculative.config import AUTO_MAX_DEPTH, PADDED_MAX_DEPTH, TREE_GREEDY_ONLY, Speculation
+from kerneltriage.engine.speculative.config import (AUTO_MAX_DEPTH, PADDED_MAX_DEPTH, TREE_GREEDY_ONLY, Speculation,
+                                                    padded_rows)
 from kerneltriage.engine.speculative.controller import DepthController
 from kerneltriage.engine.speculative.draft import Drafter
 from kerneltriage.engine.speculative.shadow import Shadow
@@ -41,6 +43,7 @@ class SpeculativeDecoder:
         self.shadows = getattr(drafter, "shadows", False)  # drafting costs no forward: score it during plain steps
         self.drafted: Any = None  # the draft made after the last plain token (a lookup drafter, auto depth), if any
         self.measured: Any = None  # the runner whose costs the controller holds
+        self.host_clock = time.perf_counter  # the host's clock (a replay on recorded text puts its own here)
         self.reset_total()
 
     def reset_total(self) -> None:
@@ -53,9 +56,16 @@ class SpeculativeDecoder:
             return self.speculation.depth
         return PADDED_MAX_DEPTH if runner.pads_verify and self.shadows else AUTO_MAX_DEPTH
 
-    def rows(self, runner: "Steps") -> int:
-        """Rows of every verify forward: the deepest k + 1 where verifies are captured at a fixed shape, else 0."""
-        return self.deepest(runner) + 1 if runner.pads_verify else 0
+    def shapes(self, runner: "Steps") -> list[int]:
+        """The rows of each verify shape a run on `runner` may compute where verifies are padded (every captured
+        shape up to the deepest k + 1); [] where they are not (k + 1 rows, whatever k)."""
+        deepest = self.deepest(runner)
+        return sorted({padded_rows(k, deepest) for k in range(1, deepest + 1)}) if runner.pads_verify else []
+
+    def rows(self, runner: "Steps", k: int) -> int:
+        """Rows a verify of k drafts computes where verifies are captured at fixed shapes (config.padded_rows), else 0
+        (k + 1, unpadded)."""
+        return padded_rows(k, self.deepest(runner)) if runner.pads_verify else 0
 
     def __call__(self, runner: "Steps", logits: Any, start: int, count: int, sampler: "Sampler") -> Iterator[int]:
         if len(sampler.prompt) != start:  # positions come from the context: a stale prompt would misplace them
@@ -63,21 +73,22 @@ class SpeculativeDecoder:
                                f"the cache {start}")
         if self.speculation.tree and not sampler.params.greedy:
             raise InputError(f"--spec {self.speculation.source_text}: {TREE_GREEDY_ONLY}")
-        rows = self.rows(runner)
         self.stats = SpecStats(self.speculation.source_text)
         earlier, self.controller = self.controller, DepthController(self.speculation.depth, self.deepest(runner),
-                                                                     padded=rows > 0)
+                                                                     padded=runner.pads_verify)
         if runner is self.measured:  # its step costs and last verdict are known (controller.carry_over)
             self.controller.carry_over(earlier)
         self.measured = runner
         self.drafter.reset(runner, start + count)
+        if self.shadows:  # a lookup indexes the prompt while the device runs the prefill
+            self.drafter.catch_up(list(sampler.prompt))
         self.shadow.clear()
         context = list(sampler.prompt) + [runner.read_later(sampler(logits)).result()]
         yield context[-1]
         try:
             while len(context) < start + count:
-                k = self._depth(runner, context, start + count, rows)
-                emitted = self.step(runner, context, k, sampler, rows) if k else None
+                k = self._depth(runner, context, start + count)
+                emitted = self.step(runner, context, k, sampler) if k else None
                 if emitted is None:  # drafting off, or nothing to draft: plain steps until there is
                     yield from self._plain_run(runner, context, start + count, sampler)
                     continue
@@ -87,11 +98,11 @@ class SpeculativeDecoder:
         finally:  # a stop string closes the loop early: what ran still counts
             self.total.merge(self.stats)
 
-    def _depth(self, runner: "Steps", context: list[int], end: int, rows: int) -> int:
+    def _depth(self, runner: "Steps", context: list[int], end: int) -> int:
         """The next step's k: the controller's, no more than fit before `end`, 0 where a padded verify would pass
         the cache (a step emits at most k+1 tokens and writes positions up to len(context)-1+k)."""
         k = min(self.controller.next_depth(), end - len(context) - 1)
-        return 0 if len(context) - 1 + max(rows - 1, k) >= runner.cache_capacity else k
+        return 0 if len(context) - 1 + max(self.rows(runner, k) - 1, k) >= runner.cache_capacity else k
 
     def _plain_run(self, runner: "Steps", context: list[int], end: int, sampler: "Sampler") -> Iterator[int]:
         """Plain steps, pipelined: step n+1 is queued (fed token n on the device) before token n is read, and the
@@ -103,7 +114,7 @@ class SpeculativeDecoder:
         arriving: the device's step when the host keeps up."""
         position = len(context) - 1  # where the token being fed goes
         token = sampler(runner.decode(context[-1], position))
-        last = time.perf_counter()
+        last = self.host_clock()
         self.drafted = None
         while True:
             pending = runner.read_later(token)
@@ -111,7 +122,7 @@ class SpeculativeDecoder:
             if more:  # queue the next step before waiting for this token
                 token = sampler(runner.decode(token, position + 1))
             context.append(pending.result())
-            now = time.perf_counter()
+            now = self.host_clock()
             self.stats.record_plain(now - last)
             # the last token's wait is no step's cost where steps run as they are queued (CPU: ~0, its step ran
             # inside the previous token's decode call); so one-step plain runs between verifies add no sample, and
@@ -145,9 +156,10 @@ class SpeculativeDecoder:
         if draft is not None:  # a tree is shadowed along its first path (shadows score one sequence)
             self.shadow.start(draft.tree.first_path() if draft.tree else list(draft.tokens))
 
-    def step(self, runner: "Steps", context: list[int], k: int, sampler: "Sampler", rows: int = 0) -> list[int] | None:
+    def step(self, runner: "Steps", context: list[int], k: int, sampler: "Sampler") -> list[int] | None:
         """Draft up to k tokens after `context` and verify them; returns the tokens emitted, or None when there is
-        nothing to verify (no draft, or a tree past the cache's end): the caller decodes plainly."""
+        nothing to verify (no draft, or a tree past the cache's end): the caller decodes plainly. A lookup drafter
+        catches up on the text while the device verifies."""
         position = len(context) - 1  # where the last emitted token goes
         began = self._now(runner)
         draft = self.drafter.draft(context, k, sampler)
@@ -155,13 +167,17 @@ class SpeculativeDecoder:
             return None
         if draft.tree is not None:
             return self._tree_step(runner, context[-1], position, draft.tree, sampler, began)
-        drafted = self._now(runner)
-        emitted = sampler.accept(runner.verify(context[-1], draft.tokens, position, rows), draft)
+        drafted, rows = self._now(runner), self.rows(runner, draft.size)
+        logits = runner.verify(context[-1], draft.tokens, position, rows)
+        if self.shadows:
+            self.drafter.catch_up(context)
+        emitted = sampler.accept(logits, draft)
         runner.counters[SPEC_COUNTER] += 1
         runner.trim_cache(position + len(emitted))  # forget the rejected drafts' entries
         verified = self._now(runner)
         self.stats.record_verify(draft.size, len(emitted) - 1, drafted - began, verified - drafted)
-        self.controller.observe_verify(draft.size, len(emitted) - 1, drafted - began, verified - drafted)
+        self.controller.observe_verify(draft.size, len(emitted) - 1, drafted - began, verified - drafted,
+                                       rows or draft.size + 1)
         return emitted
 
     def _now(self, runner: "Steps") -> float:
@@ -169,7 +185,7 @@ class SpeculativeDecoder:
         verify's tokens are read before the last stamp: the host's clock is the step's cost, and a synced read
         (~22 µs each on the H200, three per verify step: spec-profile-repetitive-h200-dotpipe.json) only adds to it.
         A model drafter queues its forwards: its stamps wait for the device."""
-        return time.perf_counter() if self.shadows else runner.clock()
+        return self.host_clock() if self.shadows else runner.clock()
 
     def _tree_step(self, runner: "Steps", last: int, position: int, tree: "TokenTree", sampler: "Sampler",
                    began: float) -> list[int]:
@@ -181,5 +197,6 @@ class SpeculativeDecoder:
         runner.keep_branch(position, path)  # the accepted nodes' entries moved to consecutive positions
         verified = self._now(runner)
         self.stats.record_verify(tree.depth, len(path), drafted - began, verified - drafted)
-        self.controller.observe_verify(tree.depth, len(path), drafted - began, verified - drafted)
+        self.controller.observe_verify(tree.depth, len(path), drafted - began, verified - drafted,
+                                       tree.depth + 1)  # the controller prices a tree by its depth
         return emitted

@@ -31,3 +31,14 @@ class Drafter(Protocol):
 
     def draft(self, context: list[int], k: int, sampler: "Sampler") -> Draft | None:
         """Up to k tokens to follow `context`; None when there is nothing to propose."""
+
+
+class LookupDrafter(Drafter, Protocol):
+    """A drafter that drafts from the text alone (no forward): the loop may score its drafts during plain steps
+    (`shadows`), and gives it time while the device is busy to index the text it has not seen yet."""
+
+    shadows: bool
+
+    def catch_up(self, context: list[int]) -> None:
+        """Index `context` as far as it goes (what the next `draft` would otherwise do first, on the host, while the
+        device waits): called while the prefill runs and while a verify runs."""

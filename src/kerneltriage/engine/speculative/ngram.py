@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
+from kerneltriage.engine.speculative.config import VERIFY_BUCKETS
 from kerneltriage.engine.speculative.draft import Draft
 
 if TYPE_CHECKING:
@@ -43,18 +44,25 @@ class NgramIndex:
 
 
 class NgramDrafter:
-    """Prompt lookup: propose what followed the latest earlier occurrence of the context's suffix."""
+    """Prompt lookup: propose what followed the latest earlier occurrence of the context's suffix. Where verifies
+    are padded it drafts no more than the smallest padded shape holds: a match of a few tokens says nothing of a
+    copy's length, and a larger shape costs more (config.VERIFY_BUCKETS)."""
 
     shadows = True  # drafting runs no forward: the loop may score what it would draft during plain steps
 
     def __init__(self, max_n: int) -> None:
         self.max_n = max_n
         self.index = NgramIndex(max_n)
+        self.most: int | None = None  # tokens per draft at most (None: as many as asked)
 
     def reset(self, runner: "Steps", capacity: int) -> None:
         self.index = NgramIndex(self.max_n)
+        self.most = VERIFY_BUCKETS[0] - 1 if runner.pads_verify else None
+
+    def catch_up(self, context: list[int]) -> None:
+        self.index.extend(context[len(self.index.tokens):])  # the context only grows: rejected drafts never enter
 
     def draft(self, context: list[int], k: int, sampler: "Sampler") -> Draft | None:
-        self.index.extend(context[len(self.index.tokens):])  # the context only grows: rejected drafts never enter
-        proposal = self.index.propose(k)
+        self.catch_up(context)
+        proposal = self.index.propose(min(k, self.most or k))
         return Draft(proposal) if proposal else None

@@ -23,7 +23,7 @@ def _rates(reached: list[int], accepted: list[int]) -> list[float]:
 
 @dataclass
 class SpecStats:
-    """What speculative runs of one draft source did (`source` as `--spec` writes it: `suffix:16`)."""
+    """What speculative runs of one draft source did (`source` as `--spec` writes it: `suffix:31`)."""
 
     source: str = ""
     reached: list[int] = field(default_factory=list)  # verify steps that checked draft position i

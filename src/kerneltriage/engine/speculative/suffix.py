@@ -13,11 +13,17 @@ Draft length is chosen per step from the match's statistics, not fixed:
     with several is a branch where the earlier text disagreed.
   budget = min(limit, L) for L < LONG_MATCH, else limit; a match shorter than LONG_MATCH stops at its first
   branch (keeping one token, the latest occurrence's choice); a one-token match drafts only where no branch is.
-Where the verify is padded (CUDA graphs: every verify computes the deepest k's rows), a draft's length costs nothing:
-the rule still decides whether to draft, and the draft runs to the limit. Replayed over the default model's greedy
-texts at the H200's verify cost (benchmarks/draft_replay.py, draft-replay-cpu.json), that took the modelled speed-up
-from 2.62× / 2.00× / 1.27× / 1.05× to 3.14× / 2.45× / 1.41× / 1.07× (copy_heavy / repetitive / summarize /
-open_ended); drafting the limit from every match instead drafted chance one-token matches (summarize 1.23×).
+Where the verify is padded (CUDA graphs: a verify computes the rows of the smallest captured shape that holds it,
+config.VERIFY_BUCKETS), a draft's length up to the smallest shape costs nothing: the rule still decides whether to
+draft, and the draft runs to that shape's size — to the limit past it where the match is long (a copy in progress).
+Replayed over the default model's greedy texts at the H200's verify cost (benchmarks/draft_replay.py,
+draft-replay-cpu.json), drafting to one padded shape took the modelled speed-up from 2.62× / 2.00× / 1.27× / 1.05×
+to 3.14× / 2.45× / 1.41× / 1.07× (copy_heavy / repetitive / summarize / open_ended); drafting the limit from every
+match instead drafted chance one-token matches (summarize 1.23×).
+
+A copy in progress is followed without the automaton: when the text since the last draft is what that draft's
+source went on with and the match is long, the next draft is what the source says next (`Copy`), and the automaton
+takes in the new text later (`catch_up`, while the device verifies) — its host time, ~3 µs a token, off the path.
 
 A tree draft (`--spec suffix:tree`) keeps the branches instead of stopping at them: one continuation per token
 that followed the match earlier (and, for a short match with one continuation, those of shorter matches),
@@ -29,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
+from kerneltriage.engine.speculative.config import VERIFY_BUCKETS
 from kerneltriage.engine.speculative.draft import Draft
 from kerneltriage.engine.speculative.tree import merge
 
@@ -101,15 +108,7 @@ class SuffixAutomaton:
 
     def continuation(self, count: int) -> list[int]:
         """Up to `count` tokens that followed the match's earlier occurrence."""
-        return self._copy(self.match.end + 1, count) if self.match.length else []
-
-    def _copy(self, begin: int, count: int) -> list[int]:
-        """`count` tokens of the text from `begin` on. A copy that runs into the end of the text continues from
-        its own start (LZ77-style overlap), so a short period still yields `count`."""
-        size, out = len(self.tokens), []
-        for i in range(begin, begin + count):
-            out.append(self.tokens[i] if i < size else out[i - size])
-        return out
+        return copy(self.tokens, self.match.end + 1, count) if self.match.length else []
 
     def agreed(self, proposal: list[int]) -> int:
         """Leading tokens of `proposal` at which every earlier occurrence of the context continued the same way
@@ -148,6 +147,33 @@ class SuffixAutomaton:
         return paths
 
 
+def copy(text: list[int], begin: int, count: int) -> list[int]:
+    """`count` tokens of `text` from `begin` on. A copy that runs into the end of the text continues from its own
+    start (LZ77-style overlap), so a short period still yields `count`."""
+    size, out = len(text), []
+    for i in range(begin, begin + count):
+        out.append(text[i] if i < size else out[i - size])
+    return out
+
+
+@dataclass(frozen=True)
+class Copy:
+    """The source of the last draft: the text from `at` on was proposed as a copy of the text from `source` on,
+    after a match of `matched` tokens."""
+
+    source: int
+    at: int
+    matched: int
+
+    def follow(self, context: list[int]) -> "Copy | None":
+        """The copy moved to the end of `context`, if the text since `at` is what the source went on with (then the
+        match is at least `matched` + that many tokens long); else None."""
+        gained = len(context) - self.at
+        if context[self.at:] != context[self.source:self.source + gained]:
+            return None
+        return Copy(self.source + gained, len(context), self.matched + gained)
+
+
 def draft_length(matched: int, agreed: int, limit: int) -> int:
     """How many tokens to draft from a match of `matched` tokens whose first `agreed` continuation tokens no
     earlier occurrence disagreed on (the module's docstring gives the rule)."""
@@ -182,20 +208,32 @@ class SuffixDrafter:
     def __init__(self, max_tokens: int, tree_nodes: int = 0) -> None:
         self.max_tokens, self.tree_nodes = max_tokens, tree_nodes  # tree_nodes 0: a linear draft
         self.automaton = SuffixAutomaton()
-        self.free_rows = False  # the runner's verify is padded: a draft's length costs nothing
+        self.free = 0  # tokens a draft may have at no cost: a padded verify's smallest shape holds them
+        self.copy: Copy | None = None  # where the last draft copied from
 
     def reset(self, runner: "Steps", capacity: int) -> None:
         self.automaton = SuffixAutomaton()
-        self.free_rows = runner.pads_verify
+        self.free = VERIFY_BUCKETS[0] - 1 if runner.pads_verify else 0
+        self.copy = None
+
+    def catch_up(self, context: list[int]) -> None:
+        self.automaton.extend(context[len(self.automaton.tokens):])  # the context only grows
 
     def draft(self, context: list[int], k: int, sampler: "Sampler") -> Draft | None:
-        self.automaton.extend(context[len(self.automaton.tokens):])  # the context only grows
         limit = min(k, self.max_tokens)
         if self.tree_nodes:
+            self.catch_up(context)
             tree = merge(tree_candidates(self.automaton, limit, TREE_BRANCHES), self.tree_nodes)
             return Draft(tree.tokens, tree=tree) if tree else None
+        followed = self.copy.follow(context) if self.copy else None
+        if followed is not None and followed.matched >= LONG_MATCH:  # the copy goes on: so does the draft
+            self.copy = followed
+            return Draft(copy(context, followed.source, limit))
+        self.catch_up(context)
+        match = self.automaton.match
         proposal = self.automaton.continuation(limit)
-        size = draft_length(self.automaton.match.length, self.automaton.agreed(proposal), limit)
-        if size and self.free_rows:  # whether to draft is the match's call; how much costs nothing
-            size = limit  # (a match's continuation always has `limit` tokens: it copies on past the text's end)
+        size = draft_length(match.length, self.automaton.agreed(proposal), limit)
+        if size and self.free:  # whether to draft is the match's call; how much, the padded shapes' (module doc)
+            size = limit if match.length >= LONG_MATCH else max(size, min(limit, self.free))
+        self.copy = Copy(match.end + 1, len(context), match.length) if size else None
         return Draft(proposal[:size]) if size else None
