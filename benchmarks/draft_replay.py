@@ -1,35 +1,124 @@
-"""Lookup drafters replayed over the target's own greedy text, on the host: how often each drafts, what a verify
-would accept (by position) and tokens per verify, and the speed-up those give at a verify step's measured cost — a
-drafter's policy judged without a device (the text is the model's, the costs are the H200's).
+"""Lookup drafters replayed over the target's own greedy text, on the host: the real speculative decoder (its
+controller, shadows, drafters and padding) driven over a recorded text, each step priced on a virtual clock at a
+step's measured cost on the device — how often it drafts, what verifies accept (by position), tokens per verify and
+the speed-up those give, judged without a device (the text is the model's, the costs are the H200's).
 
-Why: speculation's speed is drafts × verify cost; the second is the device's (spec_profile.py), the first is
-the text's and the drafter's, the same on any device for the same tokens. Replaying the decoder's policy (auto depth
-always on: a lookup drafts after every token of a plain run and the run ends one token after it finds a draft; each
-verify drafts k and emits the accepted prefix + one token) over one greedy text per prompt shows a drafter change
-in seconds.
+Why: speculation's speed is drafts × verify cost; the second is the device's (spec_profile.py, verify_tiles_probe.py
+--rows), the first is the text's, the drafter's and the controller's, the same on any device for the same tokens.
+The target here answers every context with the recorded text's next token (one-hot logits: greedy acceptance is the
+decoder's own), and its clock advances by a plain step's price (1) at each decode and by the padded shape's price at
+each verify; the decoder times its steps with that clock, so auto depth decides from those prices, as on the device.
+The prompts of a set run one after another on one target, so the controller carries its costs from one to the next
+as it does in an A/B's runs.
 
     python3 benchmarks/draft_replay.py --texts ~/.cache/kerneltriage/replay-texts.json   # greedy texts, once
-    python3 benchmarks/draft_replay.py --texts FILE --sources suffix,ngram -k 15 --verify-cost 1.9 --out r.json
+    python3 benchmarks/draft_replay.py --texts FILE --sources suffix,ngram --verify-costs 16:1.43,32:1.6 --out r.json
 
-The texts come from the CPU in float32 (greedy; an H200 in bf16 writes mostly the same text). --verify-cost: a
-verify step's cost in plain steps as the loop sees it (1.9–2.0 on the H200, spec-profile-repetitive-h200.json's
-verify_ms_mean / plain_ms_mean at 16 graphed rows: every verify costs the same whatever k).
+The texts come from the CPU in float32 (greedy; an H200 in bf16 writes mostly the same text). --verify-costs: a verify
+step's cost in plain steps as the loop sees it, for each padded shape (rows): the H200's loop saw a 16-row verify
+step at 1.43 plain steps (spec-profile-repetitive-h200-split.json's verify_ms_mean / plain_ms_mean); a 32-row one
+costs 16% more on the device (verify-rows-smollm2-preset-h200.json), ~1.62 with the host's share.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
+import torch
+
+from kerneltriage.backends.torch.sampling import TorchSampler
 from kerneltriage.core.environment import capture_environment
 from kerneltriage.core.errors import InputError
-from kerneltriage.engine.speculative.config import AUTO_MAX_DEPTH, PADDED_MAX_DEPTH, parse_speculation
+from kerneltriage.engine.sampling import SamplingParams
+from kerneltriage.engine.speculative.config import VERIFY_BUCKETS, parse_speculation
+from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
 from kerneltriage.engine.speculative.lookup import lookup_drafter
 
 PROMPTS = Path(__file__).parent / "prompts"
 SETS = ("copy_heavy", "repetitive", "summarize", "open_ended")
+DEFAULT_COSTS = "16:1.43,32:1.62"
+
+
+class _Read:
+    def __init__(self, token: torch.Tensor) -> None:
+        self.value = int(token)
+
+    def result(self) -> int:
+        return self.value
+
+
+class ReplayTarget:
+    """The steps a speculative decoder drives, over recorded greedy text: after the true text so far plus any
+    tokens, the target's choice is the text's next token when those tokens are the text's too (else token 0), as
+    one-hot logits; a decode advances the clock by 1, a verify by its rows' price (`costs`; `flat` for all)."""
+
+    cache_capacity = 1 << 30
+
+    def __init__(self, costs: dict[int, float], padded: bool, vocab: int) -> None:
+        self.costs, self.pads_verify, self.vocab = costs, padded, vocab
+        self.counters: Counter = Counter()
+        self.now, self.text = 0.0, []
+
+    def start(self, prompt: list[int], continuation: list[int]) -> torch.Tensor:
+        """A new prompt: the prefill's logits (its token is the continuation's first)."""
+        self.text = list(prompt) + list(continuation)
+        return self._rows(len(prompt) - 1, [prompt[-1]])[-1:]
+
+    def _rows(self, start: int, tokens: list[int]) -> torch.Tensor:
+        """One-hot rows (T, V): row i is the choice after text[:start] + tokens[:i + 1]."""
+        rows = torch.zeros(len(tokens), self.vocab)
+        for i in range(len(tokens)):
+            at = start + i + 1
+            if tokens[i] != self.text[at - 1] or at >= len(self.text):
+                break  # the tokens left the text: token 0 from here on
+            rows[i, self.text[at]] = 1.0
+        rows[(rows.sum(-1) == 0), 0] = 1.0
+        return rows
+
+    def decode(self, token: int | torch.Tensor, position: int) -> torch.Tensor:
+        self.now += 1.0
+        return self._rows(position, [int(token)])
+
+    def verify(self, last: int, drafts: list[int], start: int, rows: int) -> torch.Tensor:
+        self.now += self.costs[rows] if rows else self.costs["flat"]
+        return self._rows(start, [last, *map(int, drafts)])
+
+    def trim_cache(self, length: int) -> None:
+        pass
+
+    def read_later(self, token: torch.Tensor) -> _Read:
+        return _Read(token)
+
+    def clock(self) -> float:
+        return self.now
+
+
+def replay(source: str, depth: str | None, texts: list[list[list[int]]], costs: dict, padded: bool
+           ) -> dict[str, object]:
+    """The decoder's run over each recorded (prompt, continuation) in turn on one target: its stats and the
+    modelled speed-up (tokens after the first / the virtual time, in plain steps)."""
+    speculation = parse_speculation(source, depth)
+    decoder = SpeculativeDecoder(speculation, lookup_drafter(speculation))
+    vocab = 1 + max(max(p + t) for p, t in texts)
+    target = ReplayTarget(costs, padded, vocab)
+    decoder.host_clock = target.clock
+    tokens, elapsed = 0, 0.0
+    for prompt, continuation in texts:
+        first = target.start(prompt, continuation)
+        began = target.now
+        out = list(decoder(target, first, len(prompt), len(continuation), TorchSampler(SamplingParams(), prompt,
+                                                                                      torch.device("cpu"))))
+        if out != continuation:
+            raise RuntimeError("replay: the decoder's tokens left the recorded text (greedy acceptance broke)")
+        tokens, elapsed = tokens + len(continuation) - 1, elapsed + target.now - began
+    stats = decoder.total.brief()
+    return {"plain_steps": stats["plain_steps"], "verify_steps": stats["verify_steps"], "tokens": tokens,
+            "tokens_per_verify": stats["tokens_per_verify_step"],
+            "acceptance_by_position": [round(a, 3) for a in stats["acceptance_by_position"]],
+            "modelled_speedup": tokens / elapsed}
 
 
 def greedy_texts(model: str, sets: list[str], count: int) -> dict[str, object]:
@@ -51,43 +140,17 @@ def greedy_texts(model: str, sets: list[str], count: int) -> dict[str, object]:
     return {"model": model, "n": count, "sets": texts}
 
 
-def replay(source: str, prompt: list[int], text: list[int], k: int, padded: bool = True) -> dict[str, object]:
-    """The decoder's steps over `text` (the first token is the prefill's): plain steps, verifies and what each
-    verify accepted by position, had the drafter `source` drafted up to k at every verify (`padded`: on a runner
-    whose verifies have the deepest k's rows, as graphs capture them)."""
-    drafter = lookup_drafter(parse_speculation(source))
-    drafter.reset(SimpleNamespace(pads_verify=padded), len(prompt) + len(text) + k)
-    plain = verifies = 0
-    reached, accepted = [0] * k, [0] * k
-    t = 1
-    while t < len(text):
-        depth = min(k, len(text) - t - 1)
-        draft = drafter.draft(prompt + text[:t], depth, None) if depth else None
-        if draft is None:  # a plain run: until a draft exists after some token, and the step in flight after it
-            plain, t = plain + 1, t + 1
-            while t < len(text):
-                found = drafter.draft(prompt + text[:t], k, None) is not None
-                plain, t = plain + 1, t + 1
-                if found:
-                    break
-            continue
-        tokens = list(draft.tokens)
-        hits = next((i for i, token in enumerate(tokens) if token != text[t + i]), len(tokens))
-        for i in range(min(hits + 1, len(tokens))):
-            reached[i] += 1
-            accepted[i] += i < hits
-        verifies, t = verifies + 1, t + hits + 1
-    return {"plain": plain, "verifies": verifies, "tokens": len(text) - 1, "reached": reached, "accepted": accepted}
-
-
-def summary(runs: list[dict[str, object]], verify_cost: float) -> dict[str, object]:
-    plain, verifies, tokens = (sum(r[key] for r in runs) for key in ("plain", "verifies", "tokens"))
-    reached = [sum(col) for col in zip(*(r["reached"] for r in runs))]
-    accepted = [sum(col) for col in zip(*(r["accepted"] for r in runs))]
-    return {"plain_steps": plain, "verify_steps": verifies, "tokens": tokens,
-            "tokens_per_verify": (tokens - plain) / verifies if verifies else 0.0,
-            "acceptance_by_position": [round(a / r, 3) if r else None for a, r in zip(accepted, reached)],
-            "modelled_speedup": tokens / (plain + verify_cost * verifies)}
+def parse_costs(text: str) -> dict[int, float]:
+    """`16:1.43,32:1.62` → {16: 1.43, 32: 1.62}: every padded shape's verify step in plain steps."""
+    costs = {}
+    for item in text.split(","):
+        rows, colon, cost = item.partition(":")
+        if not (colon and rows.isdigit() and cost.replace(".", "", 1).isdigit()):
+            raise ValueError(item)
+        costs[int(rows)] = float(cost)
+    if set(costs) != set(VERIFY_BUCKETS):
+        raise ValueError(f"shapes {sorted(costs)}")
+    return costs
 
 
 def main() -> None:
@@ -97,14 +160,19 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=64, help="greedy tokens per prompt (default 64, as the H200 runs)")
     parser.add_argument("--texts", required=True, help="the greedy texts' JSON: written when missing, else read")
     parser.add_argument("--sources", default="suffix,ngram", help="lookup sources, as --spec takes them")
-    parser.add_argument("-k", type=int, default=None, help="tokens drafted per verify at most (default: auto "
-                        "depth's limit, 15 graphed, 8 with --eager)")
-    parser.add_argument("--verify-cost", type=float, default=1.9, help="a verify step in plain steps (default 1.9)")
+    parser.add_argument("--depth", default=None, help="as --spec-depth takes it (default auto)")
+    parser.add_argument("--verify-costs", default=DEFAULT_COSTS, help="a verify step in plain steps for each padded "
+                        f"shape, ROWS:COST,… (default {DEFAULT_COSTS})")
     parser.add_argument("--eager", action="store_true", help="verifies of k + 1 rows (no graphs): a draft's length "
-                        "costs rows (the drafters' length rules apply; the model still charges --verify-cost)")
+                        "costs rows (the drafters' length rules apply), each verify priced at --verify-cost")
+    parser.add_argument("--verify-cost", type=float, default=1.9, help="with --eager: a verify step in plain steps")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    args.k = args.k or (AUTO_MAX_DEPTH if args.eager else PADDED_MAX_DEPTH)
+    try:
+        costs = {"flat": args.verify_cost} if args.eager else parse_costs(args.verify_costs)
+    except ValueError as exc:
+        parser.error(f"--verify-costs {args.verify_costs}: {exc} is not ROWS:COST for each of the padded shapes "
+                     f"{','.join(map(str, VERIFY_BUCKETS))}")
     sets = args.sets.split(",")
     unknown = [name for name in sets if not (PROMPTS / f"{name}.jsonl").is_file()]
     if unknown:
@@ -112,36 +180,41 @@ def main() -> None:
                      f"benchmarks/prompts/*.jsonl ({','.join(SETS)}, …)")
     for source in args.sources.split(","):
         try:
-            lookup = lookup_drafter(parse_speculation(source))
+            lookup = lookup_drafter(parse_speculation(source, args.depth))
         except InputError as exc:
-            parser.error(f"--sources {source}: {exc}")
+            parser.error(f"--sources {source} --depth {args.depth}: {exc}")
         if lookup is None:
             parser.error(f"--sources {source}: not a lookup source; expected ngram[:N] or suffix[:N]")
-    path = Path(args.texts).expanduser()
-    if path.exists():
-        stored = json.loads(path.read_text())
-        missing = [name for name in sets if name not in stored.get("sets", {})]
-        if missing or (stored.get("model"), stored.get("n")) != (args.model, args.n):
-            parser.error(f"--texts {path}: holds {stored.get('model')}'s {stored.get('n')} tokens for "
-                         f"{','.join(stored.get('sets', {}))}; expected {args.model}'s {args.n} for {args.sets} "
-                         f"(another file, or remove it to write it again)")
-    else:
-        stored = greedy_texts(args.model, sets, args.n)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(stored))
-    texts = stored["sets"]
-    result = {"benchmark": "draft-replay", "model": args.model, "k": args.k, "verify_cost": args.verify_cost,
+    texts = load_texts(parser, args, sets)
+    result = {"benchmark": "draft-replay", "model": args.model, "depth": args.depth or "auto", "verify_costs": costs,
               "padded": not args.eager, "texts": {name: len(texts[name]) for name in sets}, "sets": {},
               "environment": capture_environment()}
     for name in sets:
         for source in args.sources.split(","):
-            found = summary([replay(source, p, t, args.k, not args.eager) for p, t in texts[name]], args.verify_cost)
-            result["sets"].setdefault(name, {})[source] = found
+            found = result["sets"].setdefault(name, {})[source] = replay(source, args.depth, texts[name], costs,
+                                                                        not args.eager)
             print(f"{name:11s} {source:14s} plain {found['plain_steps']:4d} verify {found['verify_steps']:4d} "
                   f"tok/verify {found['tokens_per_verify']:.2f} modelled {found['modelled_speedup']:.2f}x  "
-                  f"{found['acceptance_by_position'][:4]}")
+                  f"{found['acceptance_by_position'][:4]}", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+def load_texts(parser: argparse.ArgumentParser, args: argparse.Namespace, sets: list[str]) -> dict:
+    """The greedy texts of `sets`: read from --texts, or written there first."""
+    path = Path(args.texts).expanduser()
+    if not path.exists():
+        stored = greedy_texts(args.model, sets, args.n)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(stored))
+        return stored["sets"]
+    stored = json.loads(path.read_text())
+    missing = [name for name in sets if name not in stored.get("sets", {})]
+    if missing or (stored.get("model"), stored.get("n")) != (args.model, args.n):
+        parser.error(f"--texts {path}: holds {stored.get('model')}'s {stored.get('n')} tokens for "
+                     f"{','.join(stored.get('sets', {}))}; expected {args.model}'s {args.n} for {args.sets} "
+                     f"(another file, or remove it to write it again)")
+    return stored["sets"]
 
 
 if __name__ == "__main__":

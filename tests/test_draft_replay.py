@@ -1,0 +1,43 @@
+"""benchmarks/draft_replay.py: the real speculative decoder driven over recorded text on a virtual clock — its tokens
+are the text's, and its modelled speed-up follows the text (a copy pays, text that never recurs does not lose)."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "draft_replay.py"
+
+
+@pytest.fixture(scope="module")
+def draft_replay():  # noqa: ANN201 - the script as a module
+    spec = importlib.util.spec_from_file_location("draft_replay", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_copy_pays_and_text_that_never_recurs_does_not_lose(draft_replay) -> None:  # noqa: ANN001
+    rng = random.Random(0)
+    code = [rng.randrange(100, 900) for _ in range(120)]
+    copy = [[[1, 2, *code, 3], [4, *code[:50], 5, *code[50:110]]]]  # the code again, one token inserted
+    # text that never recurs but by chance: 20 tokens drawn at random, so short matches (and failed drafts) abound
+    noise = [[[rng.randrange(100, 120) for _ in range(40)], [rng.randrange(100, 120) for _ in range(200)]]
+             for _ in range(3)]
+    costs = draft_replay.parse_costs(draft_replay.DEFAULT_COSTS)
+    copied = draft_replay.replay("suffix", None, copy, costs, True)
+    assert copied["modelled_speedup"] > 3.0 and copied["tokens_per_verify"] > 10, copied
+    never = draft_replay.replay("suffix", None, noise, costs, True)
+    assert 0.98 <= never["modelled_speedup"] <= 1.0 and never["verify_steps"] < 0.05 * never["plain_steps"], never
+    dearer = draft_replay.replay("suffix", None, copy, {16: 1.43, 32: 3.0}, True)  # a 32-row verify that loses
+    assert dearer["modelled_speedup"] < copied["modelled_speedup"] and dearer["modelled_speedup"] > 2.5, dearer
+
+
+def test_costs_name_every_padded_shape(draft_replay) -> None:  # noqa: ANN001
+    assert draft_replay.parse_costs("16:1.4,32:1.6") == {16: 1.4, 32: 1.6}
+    for bad in ("16:1.4", "16:x,32:1", "16=1.4,32:1.6"):
+        with pytest.raises(ValueError):
+            draft_replay.parse_costs(bad)
