@@ -16,9 +16,12 @@
 #   spec-profile    where a speculative verify step's time goes (benchmarks/spec_profile.py), two prompt sets
 #   quantized       ab of the quantized GEMV on the default model
 #   kernels         kernel run of split_kv_attention and silu_gemv (IEEE float32; needs the model)
-#   spec            suffix speculation vs the fused set on the four prompt sets (needs the model)
+#   spec            suffix speculation vs the fused set on the four prompt sets and the held-out one (needs the model)
+#   spec-shapes     ab of suffix:15 (one 16-row verify shape) against suffix (16 and 32 rows) on two sets
+#   spec-gpu-tests  tests/test_gpu.py's speculation tests (graphed verifies, both padded shapes; needs the model)
 #   spec-float32    suffix speculation in float32 on repetitive and copy_heavy (exactness: identical tokens)
 #   ngram           n-gram lookup speculation on open_ended, repetitive, copy_heavy
+#                   (spec, spec-float32, ngram and spec-profile name their files with $TAG, default "fused")
 #   distill         ab of spec=draft:(the distilled draft) on the four prompt sets (trains it first if needed)
 #   sources         ab of spec=ngram and spec=draft:(the distilled draft) on copy_heavy and open_ended
 #   mlx-tf32        mlx-lm's float16 decode with MLX_ENABLE_TF32 1 and 0 (needs all four parts)
@@ -96,7 +99,8 @@ case "$1" in
     step 400 python3 benchmarks/verify_tiles_probe.py --out "$OUT/verify-tiles-smollm2-preset-h200-split-gemv.json" ;;
   spec-profile)  # where a verify step's time goes: the decoder's calls on the host, the verify's kernels
     for set in repetitive open_ended; do
-      step 120 python3 benchmarks/spec_profile.py --set $set --out "$OUT/spec-profile-$set-h200.json" > /dev/null
+      step 120 python3 benchmarks/spec_profile.py --set $set --out "$OUT/spec-profile-$set-h200-${TAG:-fused}.json" \
+        > /dev/null
     done ;;
   quantized)  # the quantized GEMV (the default GGUF is Q4_1) against the same stock-weight set
     step 150 "${kt[@]}" ab --a "levers=last_logits,fused_norm,graphs,one_sync" \
@@ -107,22 +111,29 @@ case "$1" in
       step 200 "${kt[@]}" kernel run --kernel "kerneltriage.kernels.$k" --ledger "$L" > "$OUT/kernel-${k%%:*}.txt" 2>&1
     done ;;
   spec)  # issue 14: suffix speculation on the fused set, every prompt set (one_sync's loop is the decoder's under spec)
-    for set in copy_heavy repetitive summarize open_ended; do
+    for set in copy_heavy repetitive summarize open_ended copy_heavy_holdout; do
       step 140 "${kt[@]}" ab --a "levers=$FUSED" --b "levers=${FUSED%,one_sync};spec=suffix" \
         --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r 5 --output json --ledger "$L" \
-        > "$OUT/spec-$set-h200-suffix-fused.json"
+        > "$OUT/spec-$set-h200-suffix-${TAG:-fused}.json"
     done ;;
+  spec-shapes)  # the 32-row verify shape alone: suffix:15 drafts at most what one 16-row shape holds
+    for set in copy_heavy repetitive; do
+      step 140 "${kt[@]}" ab --a "levers=${FUSED%,one_sync};spec=suffix:15" --b "levers=${FUSED%,one_sync};spec=suffix" \
+        --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r 5 --output json --ledger "$L" \
+        > "$OUT/spec-$set-h200-shapes.json"
+    done ;;
+  spec-gpu-tests) step 300 python3 -m pytest -q tests/test_gpu.py -k speculation > "$OUT/gpu-spec-h200.txt" 2>&1 ;;
   spec-float32)  # issue 14's exactness: suffix in float32 (tokens identical to plain decode's) on two sets
     for set in repetitive copy_heavy; do
       step 150 "${kt[@]}" ab --dtype float32 --a "levers=$FUSED" --b "levers=${FUSED%,one_sync};spec=suffix" \
         --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r 5 --output json --ledger "$L" \
-        > "$OUT/spec-$set-h200-suffix-fused-float32.json"
+        > "$OUT/spec-$set-h200-suffix-${TAG:-fused}-float32.json"
     done ;;
   ngram)  # issue 14's n-gram lookup (prompt lookup decoding) beside suffix, on the sets where they differ most
     for set in open_ended repetitive copy_heavy; do
       step 120 "${kt[@]}" ab --a "levers=$FUSED" --b "levers=${FUSED%,one_sync};spec=ngram" \
         --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r 5 --output json --ledger "$L" \
-        > "$OUT/spec-$set-h200-ngram-fused.json"
+        > "$OUT/spec-$set-h200-ngram-${TAG:-fused}.json"
     done ;;
   distill)  # issue 14's trained drafter (distill-train first), ab of spec=draft:it on every prompt set
     [ -d /tmp/kt-draft ] || run_step distill-train
@@ -150,7 +161,7 @@ case "$1" in
       "${llama[@]}" -p 512 -n 128 -d 0,2048 -r 5 --output json --ledger "$L" > "$OUT/bench-default-h200-mlx.json"
     step 240 "${kt[@]}" triage --backend mlx --device cuda --dtype float16 --output json \
       --html "$OUT/triage-default-h200-mlx.html" --ledger "$L" > "$OUT/triage-default-h200-mlx.json" ;;
-  *) echo "usage: bash benchmarks/h200.sh STEP... (steps: smoke 8b 8b-table 8b-triaged 8b-triage default default-table default-triaged default-triage gpu-tests fused-tests verify-tiles probe wait-build distill-train llamacpp-build llamacpp prefill-graphs spec-profile quantized kernels spec spec-float32 ngram distill sources mlx-tf32 mlx)" >&2
+  *) echo "usage: bash benchmarks/h200.sh STEP... (steps: smoke 8b 8b-table 8b-triaged 8b-triage default default-table default-triaged default-triage gpu-tests fused-tests verify-tiles probe wait-build distill-train llamacpp-build llamacpp prefill-graphs spec-profile quantized kernels spec spec-shapes spec-gpu-tests spec-float32 ngram distill sources mlx-tf32 mlx)" >&2
      exit 2 ;;
 esac
 }

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from kerneltriage.backends.torch.backend import BACKEND, build_runner
+from kerneltriage.bench.workloads import load_prompt_set
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.generation import generate_step
 from kerneltriage.engine.sampling import SamplingParams
@@ -70,6 +73,22 @@ def test_graphed_speculation_keeps_greedy_tokens(default_checkpoint, prompt, pla
     # every verify replayed a graph of k+1 = 5 rows
     assert {rows for _, rows in runner.verify_step.graphs} == {5}
     assert runner.counters[SPEC_COUNTER] == decoder.stats.verify_steps <= runner.counters["graphs"]
+
+
+REPETITIVE = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts" / "repetitive.jsonl"
+
+
+@pytest.mark.parametrize("levers", ["graphs", "fused_layer,pdl,graphs"])
+def test_graphed_suffix_speculation_verifies_in_both_shapes(default_checkpoint, levers: str) -> None:
+    """Auto depth on copied text: verifies replay the 16-row and the 32-row graphs (a long match drafts 31), and the
+    tokens are plain decoding's."""
+    prompts = load_prompt_set(REPETITIVE, default_checkpoint.tokenizer).prompts
+    prompt = list(prompts[2])  # add-type-hints: the model copies the module out
+    plain = list(generate_step(cuda_runner(default_checkpoint, levers), prompt, SamplingParams(), 200))
+    runner = cuda_runner(default_checkpoint, levers, "suffix")
+    assert list(generate_step(runner, prompt, SamplingParams(), 200)) == plain
+    assert {rows for _, rows in runner.verify_step.graphs} == {16, 32}
+    assert runner.speculation.stats.tokens_per_step > 8
 
 
 def test_m_sweep_times_the_gemv_not_the_host(default_checkpoint) -> None:
