@@ -7,8 +7,9 @@ Per call (host seconds, perf_counter, no extra syncs): the drafter's `draft` (at
 after every plain token), `runner.verify` (queueing the forward), the sampler's `accept` (it reads the result: the wait
 for the device lands here), `trim_cache`, the decoder's synced `clock` reads (a model drafter's steps only, since
 2026-12-01's fourth session), plain `decode` calls, and graph captures during the timed runs (should be 0).
-Alone, at one position (--iters each): a plain step and a padded verify queued back to back (device-bound: the
-device's time per call), and verify + accept + trim one after another (what one verify step costs the loop).
+Alone, at one position (--iters each), for each padded verify shape: a plain step and a verify queued back to back
+(device-bound: the device's time per call), and verify + accept + trim one after another (what one verify step costs
+the loop).
 """
 
 from __future__ import annotations
@@ -157,8 +158,8 @@ def main() -> None:
               "verify_ms_mean": 1e3 * statistics.fmean(stats.verify_seconds) if stats.verify_seconds else None,
               "plain_ms_mean": 1e3 * statistics.fmean(stats.plain_seconds) if stats.plain_seconds else None,
               "draft_ms_mean": 1e3 * statistics.fmean(stats.draft_seconds) if stats.draft_seconds else None}
-    rows = decoder.rows(runner) or decoder.controller.deepest + 1
-    result["alone"] = alone(runner, args.iters, max(map(len, prompts)), rows)
+    shapes = decoder.shapes(runner) or [decoder.controller.deepest + 1]
+    result["alone"] = [alone(runner, args.iters, max(map(len, prompts)), rows) for rows in shapes]
     result["environment"] = capture_environment()
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps({k: v for k, v in result.items() if k != "environment"}, indent=1))
