@@ -159,24 +159,38 @@ class DepthController:
     def expected_tokens(self, depth: int, prior: float = 0.0) -> float:
         """E(depth); a position never reached takes the rate of the last one that was. `prior`: that many hits and
         as many misses added at each position (a rate seen a few times is pulled towards ½)."""
-        tokens, chain, rate = 1.0, 1.0, 0.0
+        return self._expected(depth, prior)[-1]
+
+    def _expected(self, depth: int, prior: float) -> list[float]:
+        """[E(0), E(1), …, E(depth)], in one pass over the positions."""
+        tokens, chain, rate = [1.0], 1.0, 0.0
         for reached, accepted in zip(self.reached[:depth], self.accepted[:depth]):
             rate = (accepted + prior) / (reached + 2 * prior) if reached > 1e-3 else rate
             chain *= rate
-            tokens += chain
+            tokens.append(tokens[-1] + chain)
         return tokens
 
     def speedup(self, depth: int, prior: float = 0.0) -> float:
         """Estimated E(depth)·plain / C(depth): above 1, speculating at this depth beats plain decode."""
-        plain = median(self.plain_costs)
-        cost = plain + depth * median(self.draft_costs) + self._verify_extra(depth)
-        return self.expected_tokens(depth, prior) * plain / cost
+        return self._speedups(depth, prior, only=depth)[depth]
 
-    def _verify_extra(self, depth: int) -> float:
-        """A verify of `depth` drafts beyond a plain step: padded, its shape's measured cost where it was seen; else
-        a line through every verify seen (seconds per row beyond the first)."""
-        rows = padded_rows(depth, self.deepest) if self.padded else depth + 1
-        seen = self.shape_costs.get(rows)
+    def _speedups(self, top: int, prior: float = 0.0, only: int | None = None) -> dict[int, float]:
+        """The estimated speed-up of every k ≤ top (or of `only`), deepest first; the costs' medians taken once (the
+        controller judges on the host between a verify and the next draft, while the device waits)."""
+        plain, draft = median(self.plain_costs), median(self.draft_costs)
+        tokens, extra = self._expected(top, prior), {}
+        speedups = {}
+        for j in ([only] if only else range(top, 0, -1)):
+            rows = padded_rows(j, self.deepest) if self.padded else j + 1
+            if rows not in extra:
+                extra[rows] = self._verify_extra(rows)
+            speedups[j] = tokens[j] * plain / (plain + j * draft + extra[rows])
+        return speedups
+
+    def _verify_extra(self, rows: int) -> float:
+        """A verify of `rows` rows beyond a plain step: padded, its shape's measured cost where it was seen; else a
+        line through every verify seen (seconds per row beyond the first)."""
+        seen = self.shape_costs.get(rows) if self.padded else None
         return median(seen) if seen else (rows - 1) * median(self.row_costs)
 
     def _options(self, top: int) -> tuple[int, int, dict[int, float]]:
@@ -184,7 +198,7 @@ class DepthController:
         verify the same: a shallower one saves drafting time only, and the positions it stops drafting are no longer
         observed (an early miss would pin k for good): the deepest option within SHRINK_MARGIN of the best is taken.
         Unpadded, a tie goes to the deeper one."""
-        options = {j: self.speedup(j) for j in range(top, 0, -1)}  # deepest first
+        options = self._speedups(top)
         fastest = max(options, key=options.__getitem__)
         floor = max(options[fastest] * (1.0 - (SHRINK_MARGIN if self.padded else 0.0)), 1.0)
         best = next((j for j, speedup in options.items() if speedup >= floor), fastest)
