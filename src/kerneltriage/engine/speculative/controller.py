@@ -180,7 +180,7 @@ class DepthController:
         plain, draft = median(self.plain_costs), median(self.draft_costs)
         tokens, extra = self._expected(top, prior), {}
         speedups = {}
-        for j in ([only] if only else range(top, 0, -1)):
+        for j in ([only] if only is not None else range(top, 0, -1)):
             rows = padded_rows(j, self.deepest) if self.padded else j + 1
             if rows not in extra:
                 extra[rows] = self._verify_extra(rows)

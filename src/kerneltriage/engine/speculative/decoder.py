@@ -1,14 +1,15 @@
 """The speculative decode loop, written against the backend protocol's `Steps`.
 
-Each step drafts k tokens, runs the target once over [last, d1..dk] (M = k+1 rows, a causal block after the
-filled cache), keeps the accepted prefix plus one token of the target's own (the sampler's exact acceptance),
-and trims the cache past the rest. A runner whose steps are captured at fixed shapes pads each verify to the
-smallest of a few shapes that holds it (config.VERIFY_BUCKETS). The controller picks k before each step, 0 being a plain step; during plain steps a
-lookup drafter's proposals are scored against the emitted tokens (shadow acceptance) for the controller. Plain
-steps run pipelined, as `one_sync` runs them: the next one is queued before a token is read, so the host's work on
-that token (the controller, shadow drafts, the next draft) overlaps the device's next step — also while drafting is
-on and a lookup drafter finds nothing to draft, until it does. A lookup drafter indexes the prompt while the prefill
-runs, and the text it drafted past while the verify runs (`catch_up`): its host work stays off the device's path.
+Each step drafts k tokens, runs the target once over [last, d1..dk] (M = k+1 rows, a causal block after the filled
+cache), keeps the accepted prefix plus one token of the target's own (the sampler's exact acceptance), and trims the
+cache past the rest. A runner whose steps are captured at fixed shapes pads each verify to the smallest of a few
+shapes that holds it (config.VERIFY_BUCKETS). The controller picks k before each step, 0 being a plain step; during
+plain steps a lookup drafter's proposals are scored against the emitted tokens (shadow acceptance) for the
+controller. Plain steps run pipelined, as `one_sync` runs them: the next one is queued before a token is read, so
+the host's work on that token (the controller, shadow drafts, the next draft) overlaps the device's next step — also
+while drafting is on and a lookup drafter finds nothing to draft, until it does. A lookup drafter indexes the prompt
+while the prefill runs, and the text it drafted past while the verify runs (`catch_up`): its host work stays off the
+device's path.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from kerneltriage.engine.speculative.config import VERIFY_BUCKETS
 from kerneltriage.engine.speculative.draft import Draft
+from kerneltriage.engine.speculative.suffix import copy_from
 
 if TYPE_CHECKING:
     from kerneltriage.engine.backend import Sampler, Steps
@@ -35,11 +36,7 @@ class NgramIndex:
         for n in range(min(self.max_n, len(self.tokens)), 0, -1):
             start = self.follows.get(tuple(self.tokens[-n:]))
             if start is not None:
-                size = len(self.tokens)
-                out: list[int] = []
-                for i in range(start, start + k):
-                    out.append(self.tokens[i] if i < size else out[i - size])
-                return out
+                return copy_from(self.tokens, start, k)
         return []
 
 

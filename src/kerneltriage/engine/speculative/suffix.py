@@ -108,7 +108,7 @@ class SuffixAutomaton:
 
     def continuation(self, count: int) -> list[int]:
         """Up to `count` tokens that followed the match's earlier occurrence."""
-        return copy(self.tokens, self.match.end + 1, count) if self.match.length else []
+        return copy_from(self.tokens, self.match.end + 1, count) if self.match.length else []
 
     def agreed(self, proposal: list[int]) -> int:
         """Leading tokens of `proposal` at which every earlier occurrence of the context continued the same way
@@ -147,7 +147,7 @@ class SuffixAutomaton:
         return paths
 
 
-def copy(text: list[int], begin: int, count: int) -> list[int]:
+def copy_from(text: list[int], begin: int, count: int) -> list[int]:
     """`count` tokens of `text` from `begin` on. A copy that runs into the end of the text continues from its own
     start (LZ77-style overlap), so a short period still yields `count`."""
     size, out = len(text), []
@@ -209,12 +209,12 @@ class SuffixDrafter:
         self.max_tokens, self.tree_nodes = max_tokens, tree_nodes  # tree_nodes 0: a linear draft
         self.automaton = SuffixAutomaton()
         self.free = 0  # tokens a draft may have at no cost: a padded verify's smallest shape holds them
-        self.copy: Copy | None = None  # where the last draft copied from
+        self.following: Copy | None = None  # where the last draft copied from
 
     def reset(self, runner: "Steps", capacity: int) -> None:
         self.automaton = SuffixAutomaton()
         self.free = VERIFY_BUCKETS[0] - 1 if runner.pads_verify else 0
-        self.copy = None
+        self.following = None
 
     def catch_up(self, context: list[int]) -> None:
         self.automaton.extend(context[len(self.automaton.tokens):])  # the context only grows
@@ -225,15 +225,15 @@ class SuffixDrafter:
             self.catch_up(context)
             tree = merge(tree_candidates(self.automaton, limit, TREE_BRANCHES), self.tree_nodes)
             return Draft(tree.tokens, tree=tree) if tree else None
-        followed = self.copy.follow(context) if self.copy else None
+        followed = self.following.follow(context) if self.following else None
         if followed is not None and followed.matched >= LONG_MATCH:  # the copy goes on: so does the draft
-            self.copy = followed
-            return Draft(copy(context, followed.source, limit))
+            self.following = followed
+            return Draft(copy_from(context, followed.source, limit))
         self.catch_up(context)
         match = self.automaton.match
         proposal = self.automaton.continuation(limit)
         size = draft_length(match.length, self.automaton.agreed(proposal), limit)
         if size and self.free:  # whether to draft is the match's call; how much, the padded shapes' (module doc)
             size = limit if match.length >= LONG_MATCH else max(size, min(limit, self.free))
-        self.copy = Copy(match.end + 1, len(context), match.length) if size else None
+        self.following = Copy(match.end + 1, len(context), match.length) if size else None
         return Draft(proposal[:size]) if size else None
