@@ -81,8 +81,12 @@ def main() -> None:
     parser.add_argument("--texts", required=True, help="draft_replay.py's greedy texts (written by it)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    sets = json.loads(Path(args.texts).expanduser().read_text())["sets"]
-    texts = [pair for name in ("copy_heavy", "repetitive") for pair in sets[name]]
+    path = Path(args.texts).expanduser()
+    try:
+        sets = json.loads(path.read_text())["sets"]
+        texts = [pair for name in ("copy_heavy", "repetitive") for pair in sets[name]]
+    except (OSError, ValueError, KeyError) as exc:
+        parser.error(f"--texts {path}: expected draft_replay.py's greedy texts of copy_heavy and repetitive ({exc})")
     result = {"benchmark": "spec-host-costs", "prompts": len(texts),
               "prompt_tokens_median": statistics.median(len(p) for p, _ in texts),
               "prompt_index_us": prompt_index(texts),
