@@ -23,6 +23,9 @@
 #   ngram           n-gram lookup speculation on open_ended, repetitive, copy_heavy
 #                   (spec, spec-float32, ngram and spec-profile name their files with $TAG, default "fused")
 #   distill         ab of spec=draft:(the distilled draft) on the four prompt sets (trains it first if needed)
+#   eagle-train     the EAGLE-style head trained on the default model (distill --eagle) into /tmp/kt-eagle.safetensors
+#   eagle           ab of spec=eagle:(that head) on three prompt sets (trains it first if needed), auto depth and k=3
+#   eagle-gpu-tests tests/test_gpu.py's EAGLE test (graphed prefill, plain steps and verifies feed the head)
 #   sources         ab of spec=ngram and spec=draft:(the distilled draft) on copy_heavy and open_ended
 #   mlx-tf32        mlx-lm's float16 decode with MLX_ENABLE_TF32 1 and 0 (needs all four parts)
 #   mlx             MLX's CUDA backend: bench beside torch's best set, mlx-lm and llama.cpp (when built), then triage
@@ -142,6 +145,25 @@ case "$1" in
         --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r 5 --output json --ledger "$L" \
         > "$OUT/spec-$set-h200-distilled-fused.json"
     done ;;
+  eagle-train)  # issue 14's trained head: greedy and 3 sampled answers of 52 prompts, 128 tokens each
+    step 400 "${kt[@]}" distill --eagle --samples 3 --continuation 128 --out /tmp/kt-eagle.safetensors --output json \
+      > "$OUT/eagle-default-h200.json"
+    cp /tmp/kt-eagle.safetensors "$OUT/" ;;  # the head (8 MB) comes back for the next machine: never committed
+  eagle)  # ab of the head beside the fused set: auto depth on three sets, a fixed k = 3 on open_ended
+    [ -f /tmp/kt-eagle.safetensors ] || cp .eaglehead/kt-eagle.safetensors /tmp/ 2>/dev/null || run_step eagle-train
+    for set in open_ended summarize copy_heavy_holdout; do
+      step 150 "${kt[@]}" ab --a "levers=$FUSED" --b "levers=${FUSED%,one_sync};spec=eagle:/tmp/kt-eagle.safetensors" \
+        --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r 5 --output json --ledger "$L" \
+        > "$OUT/spec-$set-h200-eagle.json"
+    done
+    step 150 "${kt[@]}" ab --a "levers=$FUSED" --b "levers=${FUSED%,one_sync};spec=eagle:/tmp/kt-eagle.safetensors;depth=3" \
+      --prompts benchmarks/prompts/open_ended.jsonl -p 0 -n 64 -r 5 --output json --ledger "$L" \
+      > "$OUT/spec-open_ended-h200-eagle-k3.json" ;;
+  eagle-profile)  # where an eagle run's time goes (spec_profile.py: the decoder's calls, captures in timed runs)
+    [ -f /tmp/kt-eagle.safetensors ] || cp .eaglehead/kt-eagle.safetensors /tmp/ 2>/dev/null || run_step eagle-train
+    step 150 python3 benchmarks/spec_profile.py --config "levers=${FUSED%,one_sync};spec=eagle:/tmp/kt-eagle.safetensors" \
+      --set open_ended --per-set 16 --out "$OUT/spec-profile-open_ended-h200-eagle.json" > /dev/null ;;
+  eagle-gpu-tests) step 200 python3 -m pytest -q tests/test_gpu.py -k eagle > "$OUT/gpu-eagle-h200.txt" 2>&1 ;;
   sources)  # issue 14's per-source comparison on one copy-heavy and one open-ended set: n-gram lookup and the
     # distilled draft (trained first if needed) beside suffix (spec step)
     [ -d /tmp/kt-draft ] || run_step distill-train

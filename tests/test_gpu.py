@@ -131,3 +131,20 @@ def test_bench_reports_kernels_per_decode_token(tmp_path, capsys) -> None:  # no
     assert main(argv) == 0
     kernels = json.loads(capsys.readouterr().out)["decode_kernels_per_token"]
     assert 30 * 6 <= kernels < 30 * 8  # six fused kernels per layer and a few stock ones around them
+
+
+@pytest.mark.parametrize("levers", ["graphs", "fused_layer,pdl,graphs,prefill_graphs"])
+def test_graphed_eagle_speculation_keeps_greedy_tokens(default_checkpoint, tmp_path, levers: str) -> None:
+    """A head (untrained: the tokens, not the speed, are checked) drafts from the features graphed prefills,
+    plain steps and padded verifies store; the tokens are plain decoding's, float32, across a window boundary."""
+    from kerneltriage.backends.torch import eagle
+
+    target = build_runner(default_checkpoint, torch.device("cuda"), torch.float32)
+    path = tmp_path / "head.safetensors"
+    torch.manual_seed(0)
+    eagle.save_head(eagle.EagleHead(target.model, "cuda"), path)
+    prompt = default_checkpoint.tokenizer.encode(PROMPT)
+    plain = list(generate_step(cuda_runner(default_checkpoint, levers), prompt, SamplingParams(), NEW))
+    runner = cuda_runner(default_checkpoint, levers, f"eagle:{path}", "3")
+    assert list(generate_step(runner, prompt, SamplingParams(), NEW)) == plain
+    assert runner.speculation.stats.verify_steps > 20 and runner.counters["graphs"] > 0

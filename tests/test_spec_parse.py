@@ -31,7 +31,7 @@ def test_parse_speculation(spec: str | None, depth: str | None, expected: Specul
 
 
 @pytest.mark.parametrize("spec, depth, message", [
-    ("eagle", None, "expected ngram"), ("selfdraft:0", None, "expected ngram"), ("selfdraft:x", None, "expected"),
+    ("medusa", None, "expected ngram"), ("eagle:", None, "eagle\\[:PATH\\]"), ("selfdraft:0", None, "expected ngram"), ("selfdraft:x", None, "expected"),
     ("draft:", None, "expected"), ("ngram:", None, "expected"), ("ngram:0", None, "expected ngram"),
     ("ngram", "0", "1..31"), ("ngram", "32", "1..31"), ("ngram", "deep", "or auto"), (None, "4", "needs --spec"),
     ("suffix:0", None, "expected ngram"), ("suffix:32", None, "1..31"), ("suffix:", None, "expected"),

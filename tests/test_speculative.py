@@ -604,3 +604,17 @@ def test_real_model_greedy_speculation_equals_plain(default_checkpoint, real_pro
     assert list(generate_step(runner, real_prompt, GREEDY, REAL_NEW)) == real_plain
     stats = runner.speculation.stats
     assert stats.verify_steps >= 4 and stats.acceptance >= min_acceptance
+
+
+def test_controller_keeps_a_drafter_slower_than_a_plain_step_off_for_good() -> None:
+    """Drafting 12 ms per token against a 10 ms plain step: no acceptance could pay, so after the first judgement
+    no verify is re-measured — in this run or the next on the same runner — where a cheap drafter is re-probed."""
+    controller = DepthController(None)
+    depths = drive(controller, [0.9] * 8, draft_ms=12.0, row_ms=0.5, steps=1500)
+    first_off = depths.index(0, depths.index(next(d for d in depths if d)))
+    assert all(d == 0 for d in depths[first_off:]) and "off for good" in controller.decisions[-1].reason
+    later = DepthController(None)
+    later.carry_over(controller)
+    assert set(drive(later, [0.9] * 8, draft_ms=12.0, row_ms=0.5, steps=300)) == {0}
+    cheap = DepthController(None)
+    assert drive(cheap, [0.0] * 8, draft_ms=0.5, row_ms=0.5, steps=1500).count(0) < 1490  # re-probed after cooldowns

@@ -105,21 +105,25 @@ class Answered(NamedTuple):
     start: int
 
 
-def training_sequences(target: Runner, continuation: int, progress: Progress) -> list[Answered]:
-    """Each prompt (in the chat template with the assistant's turn opened, as `generate --chat` and the prompt sets
-    run it, where the model has one) followed by the target's greedy continuation, and where the answer starts."""
+def training_sequences(target: Runner, continuation: int, progress: Progress, prompts: Sequence[str] | None = None,
+                       params: Sequence[SamplingParams] = (SamplingParams(),)) -> list[Answered]:
+    """Each prompt (`PROMPTS` by default; in the chat template with the assistant's turn opened, as `generate --chat`
+    and the prompt sets run it, where the model has one) followed by the target's continuation under each of
+    `params` (greedy by default), and where the answer starts: prompt by prompt, `params` in order."""
     tokenizer, sequences = target.checkpoint.tokenizer, []
-    for index, text in enumerate(PROMPTS):
+    prompts = PROMPTS if prompts is None else prompts
+    for index, text in enumerate(prompts):
         if tokenizer.chat_template:
             text = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
         prompt = tokenizer.encode(text, add_special=not tokenizer.chat_template)
-        sequences.append(Answered(prompt + list(generate_step(target, prompt, SamplingParams(), continuation)),
-                                   len(prompt)))
-        progress(f"target's continuations: {index + 1}/{len(PROMPTS)}")
+        for sampling in params:
+            sequences.append(Answered(prompt + list(generate_step(target, prompt, sampling, continuation)),
+                                       len(prompt)))
+        progress(f"target's continuations: {index + 1}/{len(prompts)}")
     return sequences
 
 
-class _Unstored(KVCache):
+class Unstored(KVCache):
     """One forward over a whole sequence from position 0: attention reads that forward's own keys and values and
     nothing is stored (autograd cannot pass through writes into one buffer that every layer shares)."""
 
@@ -132,7 +136,7 @@ class _Unstored(KVCache):
 
 def _logits(model: Model, tokens: list[int], device: torch.device) -> torch.Tensor:
     """(T, V) float32 logits of one forward over `tokens`, nothing cached (gradients flow where enabled)."""
-    model.cache = _Unstored(len(tokens), device)
+    model.cache = Unstored(len(tokens), device)
     try:
         return model(torch.tensor([tokens], device=device), 0)[0].float()
     finally:

@@ -80,9 +80,12 @@ def build_drafter(speculation: Speculation, runner: Runner) -> Drafter:
     """The drafter `speculation` names for this target (drafters.build_drafter)."""
     from kerneltriage.backends.torch.backend import build_runner
 
+    from kerneltriage.backends.torch.eagle import head_drafter
+
     return drafters.build_drafter(
         speculation, runner, lambda layers: SelfDrafter(runner.model, layers),
-        lambda checkpoint: model_drafter(build_runner(checkpoint, runner.device, runner.torch_dtype)))
+        lambda checkpoint: model_drafter(build_runner(checkpoint, runner.device, runner.torch_dtype)),
+        lambda path: head_drafter(runner, path))
 
 
 def install_speculation(runner: Runner, speculation: Speculation, drafter: Drafter | None = None

@@ -1,5 +1,6 @@
 """What `--spec` and `--spec-depth` ask for: the speculation's source (prompt lookup, longest-match lookup, the
-target's own first layers, or a draft model) and its depth, parsed once; and the draft model's vocabulary check."""
+target's own first layers, a draft model, or an EAGLE-style head on the target's hidden states) and its depth,
+parsed once; and the draft model's vocabulary check."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from kerneltriage.engine.speculative.tree import DEFAULT_TREE_NODES
 if TYPE_CHECKING:
     from kerneltriage.engine.checkpoint import Checkpoint
 
-SOURCES = ("ngram", "suffix", "selfdraft", "draft")
+SOURCES = ("ngram", "suffix", "selfdraft", "draft", "eagle")
 MAX_DEPTH = 31  # deepest --spec-depth and suffix:N accepted: a verify of 32 rows, fused_layer's MAX_ROWS
 AUTO_START_DEPTH = 4  # where --spec-depth auto begins
 AUTO_MAX_DEPTH = 8  # auto grows k no further (an eager verify: its cost grows with the rows)
@@ -28,7 +29,7 @@ VERIFY_BUCKETS = (16, 32)
 PADDED_MAX_DEPTH = VERIFY_BUCKETS[-1] - 1
 DEFAULT_NGRAM = 3  # ngram: longest context suffix matched
 DEFAULT_SUFFIX = MAX_DEPTH  # suffix: most tokens one step drafts (the match's statistics pick fewer)
-SPEC_HELP = "ngram[:N] | suffix[:N] | suffix:tree | selfdraft[:L] | draft:MODEL"
+SPEC_HELP = "ngram[:N] | suffix[:N] | suffix:tree | selfdraft[:L] | draft:MODEL | eagle[:PATH]"
 TREE_ARG = "tree"  # suffix:tree: the suffix drafter's branches verified as a token tree (greedy only)
 TREE_GREEDY_ONLY = ("a token tree is verified at temperature 0 only (exact tree sampling needs recursive "
                     "rejection sampling, not built); use suffix[:N] at temperature > 0")
@@ -51,6 +52,7 @@ class Speculation:
     source: str
     layers: int | None = None  # selfdraft: the target's first L layers draft (None: half of them)
     draft_model: str | None = None  # draft: the --model spec of the draft model
+    head: str | None = None  # eagle: the head's file (None: the one `distill --eagle` wrote for the target)
     depth: int | None = None
     ngram_max: int = DEFAULT_NGRAM
     suffix_max: int = DEFAULT_SUFFIX  # suffix: most tokens one step drafts
@@ -63,6 +65,8 @@ class Speculation:
             raise ValueError(f"layers={self.layers}: expected a positive count, for selfdraft only")
         if (self.source == "draft") != bool(self.draft_model):
             raise ValueError(f"draft_model={self.draft_model!r}: expected a model for source 'draft' only")
+        if self.head is not None and self.source != "eagle":
+            raise ValueError(f"head={self.head!r}: expected a head file for source 'eagle' only")
         if self.depth is not None and not 1 <= self.depth <= MAX_DEPTH:
             raise ValueError(f"depth={self.depth}: expected 1..{MAX_DEPTH} or None (auto)")
         if self.ngram_max < 1:
@@ -76,7 +80,7 @@ class Speculation:
     def source_text(self) -> str:
         """`--spec` as written, parameters explicit where they have a default: `ngram:3`, `selfdraft`."""
         arg = {"ngram": str(self.ngram_max), "suffix": self._suffix_arg,
-               "selfdraft": self.layers and str(self.layers), "draft": self.draft_model}
+               "selfdraft": self.layers and str(self.layers), "draft": self.draft_model, "eagle": self.head}
         return self.source + (f":{arg[self.source]}" if arg[self.source] else "")
 
     @property
@@ -97,7 +101,8 @@ class Speculation:
     def label(self) -> str:
         """`--spec` as the user would write it, with the depth."""
         arg = {"ngram": str(self.ngram_max), "suffix": self._suffix_arg,
-               "selfdraft": str(self.layers or "half"), "draft": self.draft_model}
+               "selfdraft": str(self.layers or "half"), "draft": self.draft_model,
+               "eagle": self.head or "cached"}
         return f"{self.source}:{arg[self.source]} k={self.depth or 'auto'}"
 
 
@@ -113,6 +118,10 @@ def parse_speculation(spec: str | None, depth: str | None = None) -> Speculation
         if not arg:
             raise bad
         return Speculation("draft", draft_model=arg, depth=_parse_depth(depth))
+    if source == "eagle":
+        if colon and not arg:
+            raise bad
+        return Speculation("eagle", head=arg or None, depth=_parse_depth(depth))
     if source == "suffix" and arg == TREE_ARG:
         return Speculation("suffix", depth=_parse_depth(depth), tree_nodes=DEFAULT_TREE_NODES)
     if source not in ("ngram", "suffix", "selfdraft") or (colon and not (arg.isdigit() and int(arg) > 0)):

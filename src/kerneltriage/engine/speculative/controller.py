@@ -43,7 +43,8 @@ class DepthController:
     pays while E(j)·plain > C(j); k is set to the best j ≤ k + 1, and when even that loses, speculation is off
     until shadow drafts (scored for free during plain steps, `observe_shadow`) bring the estimate back to
     RESUME_SPEEDUP — with the measured costs kept from before; a drafter that cannot shadow waits out a cooldown of
-    plain steps and re-measures. Padded (a verify costs its padded shape's price, so C(j) steps up only where j
+    plain steps and re-measures — unless even a draft accepted every time would lose at the measured costs (a drafter
+slower per token than a plain step: the eager EAGLE head on the H200), which keeps it off for good. Padded (a verify costs its padded shape's price, so C(j) steps up only where j
     needs a larger shape), any j is an option and the deepest one within SHRINK_MARGIN of the best is kept. A fixed
     depth (`depth` given) is never changed.
     """
@@ -216,13 +217,28 @@ class DepthController:
             self._decide(best, f"k {self.depth}→{best}: est. speed-up {options[best]:.2f}×{kept} "
                                f"(k={self.depth}: {options[self.depth]:.2f}×)")
 
+    def ceiling(self) -> float:
+        """The best speed-up any k could reach were every draft accepted (E(k) = k + 1) at the measured costs."""
+        plain, draft = median(self.plain_costs), median(self.draft_costs)
+        top = self.max_depth if self.padded else min(self.depth + 1, self.max_depth)
+        return max((j + 1) * plain / (plain + j * draft + self._verify_extra(padded_rows(j, self.deepest)
+                                                                             if self.padded else j + 1))
+                   for j in range(1, top + 1))
+
     def _switch_off(self, best: int, speedup: float) -> None:
         tokens, plain = self.expected_tokens(best), median(self.plain_costs) * 1e3
-        self.cooldown, self.next_cooldown = self.next_cooldown, min(2 * self.next_cooldown, MAX_COOLDOWN)
         self.off = True
-        self._decide(0, f"{tokens:.2f} tok/step × plain {plain:.2f} ms = {tokens * plain:.2f} ms < "
-                        f"{tokens * plain / speedup:.2f} ms per step at k={best}: speculation off for "
-                        f"{self.cooldown} steps, or until shadow drafts pay")
+        ceiling = self.ceiling()
+        if ceiling < 1.0:  # no acceptance pays for this drafter's cost: re-measuring it would only cost steps
+            self.cooldown = 0
+            self._decide(0, f"drafting {median(self.draft_costs) * 1e3:.2f} ms per token against a plain step's "
+                            f"{plain:.2f} ms: even every draft accepted, est. {ceiling:.2f}× at best — speculation "
+                            "off for good on this runner")
+        else:
+            self.cooldown, self.next_cooldown = self.next_cooldown, min(2 * self.next_cooldown, MAX_COOLDOWN)
+            self._decide(0, f"{tokens:.2f} tok/step × plain {plain:.2f} ms = {tokens * plain:.2f} ms < "
+                            f"{tokens * plain / speedup:.2f} ms per step at k={best}: speculation off for "
+                            f"{self.cooldown} steps, or until shadow drafts pay")
         self.depth = self.max_depth if self.padded else best
         self._reset_estimates()
 

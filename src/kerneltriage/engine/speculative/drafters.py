@@ -46,13 +46,19 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def build_drafter(speculation: Speculation, runner: Any, self_drafter: Callable[[int], Drafter],
-                  draft_runner: Callable[[Checkpoint], Drafter]) -> Drafter:
+                  draft_runner: Callable[[Checkpoint], Drafter],
+                  head_drafter: Callable[[str | None], Drafter] | None = None) -> Drafter:
     """The drafter `speculation` names for this target: a lookup, the target's first layers (`self_drafter(L)`;
-    more layers than the model has is an InputError) or a draft model (`draft_runner(checkpoint)`, which must
-    share the target's vocabulary)."""
+    more layers than the model has is an InputError), a draft model (`draft_runner(checkpoint)`, which must
+    share the target's vocabulary) or an EAGLE-style head (`head_drafter(path)`, where the backend has one)."""
     lookup = lookup_drafter(speculation)
     if lookup is not None:
         return lookup
+    if speculation.source == "eagle":
+        if head_drafter is None:
+            raise InputError(f"--spec {speculation.source_text}: an EAGLE head runs on the torch backend only; "
+                             "expected --backend torch")
+        return head_drafter(speculation.head)
     if speculation.source == "selfdraft":
         total = runner.config.num_layers
         layers = speculation.layers or max(total // 2, 1)

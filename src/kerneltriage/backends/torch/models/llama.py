@@ -28,6 +28,12 @@ def SDPA(*args: object, **kwargs: object) -> torch.Tensor:  # noqa: N802 - stand
 
 # (q (B,H,T,D), k (B,Hkv,S,D), v (B,Hkv,S,D), positions, sdpa=SDPA) -> (B,H,T,D); a wrapper passes `sdpa` on
 AttentionFn = Callable[..., torch.Tensor]
+# (final-normed hidden states (B, T, hidden), their positions) -> None: what a forward's last hidden states are shown
+HiddenFn = Callable[[torch.Tensor, Positions], None]
+
+
+def unobserved(hidden: torch.Tensor, pos: Positions) -> None:
+    """The stock `Model.observe_hidden`: nobody reads the hidden states (an EAGLE head's feature store does)."""
 
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -204,6 +210,7 @@ class Model(nn.Module):
         inv_freq = torch.empty(config.head_dim // 2, dtype=torch.float32, device=device)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.attention: AttentionFn = sdpa_attention
+        self.observe_hidden: HiddenFn = unobserved
         self.cache: KVCache | None = None
 
     def cache_shape(self, max_len: int, batch: int = 1) -> tuple[int, int, int, int, int]:
@@ -230,7 +237,9 @@ class Model(nn.Module):
         step = Step(pos, cos, sin, self.cache, self.attention)
         for index, block in enumerate(self.layers):
             x = block(x, index, step)
-        return self.norm(x)
+        hidden = self.norm(x)
+        self.observe_hidden(hidden, pos)
+        return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
