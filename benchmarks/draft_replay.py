@@ -62,6 +62,9 @@ class ReplayTarget:
         self.counters: Counter = Counter()
         self.now, self.text = 0.0, []
 
+    def prepare_steps(self, start: int, end: int, rows: list[int]) -> None:
+        """Nothing to capture: the replay's steps cost their price whenever they run."""
+
     def start(self, prompt: list[int], continuation: list[int]) -> torch.Tensor:
         """A new prompt: the prefill's logits (its token is the continuation's first)."""
         self.text = list(prompt) + list(continuation)

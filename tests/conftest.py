@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
@@ -102,3 +103,25 @@ def default_checkpoint(default_gguf: Path) -> Checkpoint:
     from kerneltriage.engine.sources import load_checkpoint
 
     return load_checkpoint(str(default_gguf))
+
+
+def rerun_capture(runner):  # noqa: ANN001, ANN201 - a capture function for GraphedStep
+    def capture(fn, warmups: int):  # noqa: ANN001, ANN202
+        for _ in range(warmups):
+            fn()
+        window, output = runner.model.cache.window, fn()
+
+        class Graph:
+            def replay(self) -> None:
+                cache, counts = runner.model.cache, Counter(runner.counters)
+                cache.window = window
+                try:
+                    output.copy_(fn())
+                finally:
+                    cache.window = None
+                    runner.counters.clear()
+                    runner.counters.update(counts)  # a replay's Python does not run: GraphedStep counts it
+
+        return Graph(), output
+
+    return capture

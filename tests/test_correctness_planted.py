@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_checkpoint, tiny_runner
+from conftest import rerun_capture, tiny_checkpoint, tiny_runner
 from kerneltriage.backends.torch import accelerate, levers
 from kerneltriage.backends.torch.backend import BACKEND
 from kerneltriage.bench import equivalence
@@ -161,3 +161,31 @@ def test_a_lever_that_approximates_is_judged_by_its_declared_metric(monkeypatch:
     assert result.passed is passes, result.detail
     value = result.quality["top1>=0.95"][0]
     assert value == 1.0 if keep == 1.0 else value < 0.95
+
+
+def test_a_speculative_run_captures_every_graph_it_may_replay_before_its_first_step() -> None:
+    """Plain steps and both padded verify shapes, in every window the run can reach (302 positions: a window of 256
+    slots and the whole cache), are captured before the first replay — where the controller verifies differs between runs, and a
+    capture must not land inside one — and a second run on the runner captures nothing."""
+    from kerneltriage.backends.torch.speculative import install_speculation
+    from kerneltriage.engine.speculative.config import parse_speculation
+
+    runner, replays_at_capture = tiny_runner("llama", max_context=600), []
+    plain = list(generate_step(tiny_runner("llama", max_context=600), [210, 158, 247, 186, 114, 261] * 2, GREEDY, 290))
+    rerun = rerun_capture(runner)  # replays recompute: the tokens are real
+
+    def recording_capture(fn, warmups: int):  # noqa: ANN001, ANN202
+        replays_at_capture.append(runner.counters["graphs"])
+        return rerun(fn, warmups)
+
+    accelerate.graphs(runner, capture_fn=recording_capture)
+    install_speculation(runner, parse_speculation("suffix", None))
+    prompt = [210, 158, 247, 186, 114, 261] * 2
+    first = list(generate_step(runner, prompt, GREEDY, 290))
+    assert first == plain  # the captures' writes past the text did not reach it
+    windows = {(window, rows) for window in (256, runner.cache_capacity) for rows in (1, 16, 32)}  # the cache: 333
+    graphs = set(runner.decode_step.graphs) | set(runner.verify_step.graphs)
+    assert windows <= graphs and replays_at_capture and set(replays_at_capture) == {0}
+    captured = len(replays_at_capture)
+    assert list(generate_step(runner, prompt, GREEDY, 290)) == first and len(replays_at_capture) == captured
+    assert runner.counters["spec"] > 0

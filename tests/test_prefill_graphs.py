@@ -4,39 +4,15 @@ Python under the captured window, as a CUDA graph re-runs its kernels."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 import torch
 
-from conftest import tiny_runner
+from conftest import rerun_capture, tiny_runner
 from kerneltriage.backends.torch import accelerate
 from kerneltriage.engine.generation import generate_step
 from kerneltriage.engine.sampling import SamplingParams
 
 GREEDY = SamplingParams()
-
-
-def rerun_capture(runner):  # noqa: ANN001, ANN201 - a capture function for GraphedStep
-    def capture(fn, warmups: int):  # noqa: ANN001, ANN202
-        for _ in range(warmups):
-            fn()
-        window, output = runner.model.cache.window, fn()
-
-        class Graph:
-            def replay(self) -> None:
-                cache, counts = runner.model.cache, Counter(runner.counters)
-                cache.window = window
-                try:
-                    output.copy_(fn())
-                finally:
-                    cache.window = None
-                    runner.counters.clear()
-                    runner.counters.update(counts)  # a replay's Python does not run: GraphedStep counts it
-
-        return Graph(), output
-
-    return capture
 
 
 def _graphed(levers: str = ""):  # noqa: ANN202

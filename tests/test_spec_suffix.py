@@ -169,6 +169,10 @@ class PaddedOracle(OracleTarget):
     def __init__(self, text: list[int], drafter: SuffixDrafter) -> None:
         super().__init__(text)
         self.drafter, self.rows, self.indexed_at_first_read = drafter, [], None
+        self.prepared: list[tuple[int, int, list[int]]] = []
+
+    def prepare_steps(self, start: int, end: int, rows: list[int]) -> None:
+        self.prepared.append((start, end, list(rows)))
 
     def verify(self, last: int, drafts: list[int], start: int, rows: int) -> torch.Tensor:
         self.rows.append((len(drafts), rows))
@@ -194,3 +198,4 @@ def test_the_decoder_pads_each_verify_to_the_smallest_shape_and_indexes_the_prom
     assert target.indexed_at_first_read == len(prompt)  # indexed before the prefill's token was waited for
     assert target.rows and all(rows == (16 if drafted < 16 else 32) for drafted, rows in target.rows)
     assert {rows for _, rows in target.rows} == {16, 32}, target.rows
+    assert target.prepared == [(len(prompt), len(text), [16, 32])]  # every shape captured ahead, once per run

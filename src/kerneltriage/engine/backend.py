@@ -65,6 +65,10 @@ class Steps(Protocol):
         """One forward over [last, drafts…] at positions start…: logits (k+1, V) of the real rows; padded to
         `rows` rows when that is larger (a fixed-shape verify: the padded rows are computed and dropped)."""
 
+    def prepare_steps(self, start: int, end: int, rows: Sequence[int]) -> None:
+        """Before a run from position `start` to `end`: capture now whatever fixed-shape steps it may replay (plain
+        steps, verifies of each of `rows`), so that no capture lands inside the run; nothing where none are captured."""
+
     def read_later(self, token: Array) -> Pending:
         """Start copying a device token to the host without waiting for it."""
 

@@ -133,6 +133,9 @@ class Runner:
     def pads_verify(self) -> bool:
         return False  # a compiled step traces each verify shape once: no fixed-shape capture to pad to
 
+    def prepare_steps(self, start: int, end: int, rows: Sequence[int]) -> None:
+        """Nothing to capture ahead: MLX captures no fixed-shape steps."""
+
     # tokens in and out
     def tensor(self, tokens: Sequence[int]) -> mx.array:
         return mx.array([list(tokens)], dtype=mx.int32)  # (1, T)

@@ -169,6 +169,15 @@ class Runner:
         return self.verify_step(self.model, padded, start)[:count]
 
     @torch.inference_mode()
+    def prepare_steps(self, start: int, end: int, rows: Sequence[int]) -> None:
+        """Capture ahead the fixed-shape steps (graphs) a run from `start` to `end` may replay: plain steps and
+        verifies of each of `rows` (accelerate.GraphedStep.prepare); steps that are not captured need nothing."""
+        for step, shapes in ((self.decode_step, [1]), (self.verify_step, list(rows))):
+            prepare = getattr(step, "prepare", None)
+            if prepare is not None and shapes:
+                prepare(self.model, start, end, shapes)
+
+    @torch.inference_mode()
     def verify_tree(self, last: int, tree: TokenTree, start: int) -> torch.Tensor:
         """One forward over [last, tree nodes…] under the tree mask (backends/torch/tree.py): logits (N+1, V),
         row r the prediction after node r's path."""

@@ -81,6 +81,8 @@ class SpeculativeDecoder:
             self.controller.carry_over(earlier)
         self.measured = runner
         self.drafter.reset(runner, start + count)
+        if runner.pads_verify:  # every graph this run may replay captured now, not inside the run
+            runner.prepare_steps(start, start + count, self.shapes(runner))
         if self.shadows:  # a lookup indexes the prompt while the device runs the prefill
             self.drafter.catch_up(list(sampler.prompt))
         self.shadow.clear()
