@@ -48,6 +48,12 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _whole(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return int(text)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "distill", help="train a draft model for --spec by self-distillation",
@@ -62,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "eagle) instead of a draft model")
     add("--steps", type=_positive, default=None, help=f"training steps, one sequence each (default: {DEFAULT_STEPS}; "
         f"{DEFAULT_EAGLE_STEPS} with --eagle)")
-    add("--samples", type=int, default=DEFAULT_SAMPLES, help="--eagle: answers per prompt sampled at temperature "
+    add("--samples", type=_whole, default=DEFAULT_SAMPLES, help="--eagle: answers per prompt sampled at temperature "
         "0.8 beside the greedy one (default: %(default)s)")
     add("--continuation", type=_positive, default=DEFAULT_CONTINUATION,
         help="greedy tokens of the target after each prompt (default: %(default)s)")
@@ -92,16 +98,21 @@ def run(args: argparse.Namespace) -> int:
     student, report = distill(target, args.layers, args.steps or DEFAULT_STEPS, args.continuation,
                               lambda line: print(line, file=sys.stderr))
     save_folder(student, out)
+    return _report(args, report, out, f"draft: {report.layers} layers", f"its first layers untrained, = --spec "
+                   f"selfdraft:{report.layers}", f"--spec draft:{out}")
+
+
+def _report(args: argparse.Namespace, report, out: Path, what: str, before: str, use: str) -> int:  # noqa: ANN001
+    """The training report on stdout: JSON, or three lines (what trained, the held-out agreement, how to use it)."""
     report.path = str(out)
     if args.output == "json":
         print(json.dumps(report.to_dict(), indent=1))
         return 0
-    print(f"draft: {report.layers} layers, {report.steps} steps over {report.sequences} sequences in "
-          f"{report.seconds:.0f} s; KL(target ‖ draft) {report.kl_first:.2f} → {report.kl_last:.2f} nats per "
-          "answer position")
-    print(f"top-1 agreement with the target on held-out answers: {report.agreement_before:.1%} (its first layers "
-          f"untrained, = --spec selfdraft:{report.layers}) → {report.agreement_after:.1%}")
-    print(f"wrote {out}; use it with --spec draft:{out}")
+    print(f"{what}, {report.steps} steps over {report.sequences} sequences in {report.seconds:.0f} s; KL(target ‖ "
+          f"{'head' if args.eagle else 'draft'}) {report.kl_first:.2f} → {report.kl_last:.2f} nats per answer position")
+    print(f"top-1 agreement with the target on held-out answers: {report.agreement_before:.1%} ({before}) → "
+          f"{report.agreement_after:.1%}")
+    print(f"wrote {out}; use it with {use}")
     return 0
 
 
@@ -121,8 +132,6 @@ def _run_eagle(args: argparse.Namespace) -> int:
     if checkpoint.config.random_weights:
         raise InputError(f"--model {checkpoint.source}: random weights have nothing to distill; expected a model file")
     out = out or default_path(checkpoint.config)
-    if args.samples < 0:
-        raise InputError(f"--samples {args.samples}: expected a whole number >= 0")
     target = build_runner(checkpoint, args, RunConfig())
     if target.device.type == "cuda":
         from kerneltriage.backends.torch.levers import apply_config
@@ -131,14 +140,4 @@ def _run_eagle(args: argparse.Namespace) -> int:
     head, report = train_head(target, args.steps or DEFAULT_EAGLE_STEPS, args.continuation, args.samples,
                               progress=lambda line: print(line, file=sys.stderr))
     save_head(head, out)
-    report.path = str(out)
-    if args.output == "json":
-        print(json.dumps(report.to_dict(), indent=1))
-        return 0
-    print(f"EAGLE head: {report.steps} steps over {report.sequences} sequences in {report.seconds:.0f} s; "
-          f"KL(target ‖ head) {report.kl_first:.2f} → {report.kl_last:.2f} nats per answer position")
-    print(f"top-1 agreement with the target on held-out answers: {report.agreement_before:.1%} (untrained) → "
-          f"{report.agreement_after:.1%}")
-    use = f"--spec eagle:{out}" if args.out else "--spec eagle"
-    print(f"wrote {out}; use it with {use}")
-    return 0
+    return _report(args, report, out, "EAGLE head", "untrained", f"--spec eagle:{out}" if args.out else "--spec eagle")

@@ -23,12 +23,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from kerneltriage.backends.torch.acceptance import sample_probs
 from kerneltriage.backends.torch.cache import KVCache, Positions
 from kerneltriage.backends.torch.models import Model
 from kerneltriage.backends.torch.models.llama import RMSNorm, Step, sdpa_attention
 from kerneltriage.backends.torch.runner import Runner
-from kerneltriage.backends.torch.sampling import TorchSampler, filter_logits
+from kerneltriage.backends.torch.sampling import TorchSampler
+from kerneltriage.backends.torch.speculative import draft_token
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.config import ModelConfig
 from kerneltriage.engine.paths import cache_dir
@@ -143,12 +143,7 @@ class EagleDrafter:
         feature = self.head(self.store.features[start:end].unsqueeze(0), tokens, start)[:, -1:]  # (1, 1, H)
         self.valid, drafted, probs = end, [], []
         for index in range(k):
-            logits = self.head.logits(feature[:, -1])  # (1, V)
-            if sampler.params.greedy:
-                token = logits.argmax(dim=-1, keepdim=True)  # (1, 1)
-            else:
-                probs.append(filter_logits(logits, sampler.params).softmax(-1))
-                token = sample_probs(probs[-1], sampler.generator).view(1, 1)
+            token = draft_token(self.head.logits(feature[:, -1]), sampler, probs)  # (1, 1)
             drafted.append(token.view(1))
             if index + 1 < k:
                 feature = self.head(feature, token, end + index)

@@ -30,13 +30,18 @@ def draft_tokens(model: Model, feed: list[int], start: int, k: int, sampler: Tor
     for _ in range(k):
         logits = model.logits(model.hidden(step, start)[:, -1])  # (1, V)
         start += step.shape[1]
-        if sampler.params.greedy:
-            step = logits.argmax(dim=-1, keepdim=True)  # (1, 1)
-        else:
-            probs.append(filter_logits(logits, sampler.params).softmax(-1))
-            step = sample_probs(probs[-1], sampler.generator).view(1, 1)
+        step = draft_token(logits, sampler, probs)
         tokens.append(step.view(1))
     return Draft(torch.cat(tokens), torch.cat(probs) if probs else None)
+
+
+def draft_token(logits: torch.Tensor, sampler: TorchSampler, probs: list[torch.Tensor]) -> torch.Tensor:
+    """A drafted token (1, 1) from a draft's logits (1, V): the argmax when greedy, else drawn from
+    q = softmax(filter(logits)), q appended to `probs` for the acceptance test."""
+    if sampler.params.greedy:
+        return logits.argmax(dim=-1, keepdim=True)
+    probs.append(filter_logits(logits, sampler.params).softmax(-1))
+    return sample_probs(probs[-1], sampler.generator).view(1, 1)
 
 
 class _LayerPrefixCache(KVCache):
