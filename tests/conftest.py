@@ -125,3 +125,33 @@ def rerun_capture(runner):  # noqa: ANN001, ANN201 - a capture function for Grap
         return Graph(), output
 
     return capture
+
+
+@pytest.fixture(scope="session")
+def shared_answers():  # noqa: ANN201
+    """distill.training_sequences memoized for the session: the distill and EAGLE tests train on the same greedy
+    answers of the real model (the same prompts and lengths), generated once. A context manager per use."""
+    import contextlib
+
+    from kerneltriage.backends.torch import distill
+
+    original, cache = distill.training_sequences, {}
+
+    def cached(target, continuation, progress, prompts=None, params=(distill.SamplingParams(),)):  # noqa: ANN001, ANN202
+        answers = []
+        for prompt in distill.PROMPTS if prompts is None else prompts:  # prompt by prompt: the tests' sets overlap
+            key = (id(target.checkpoint), target.dtype, continuation, prompt, tuple(params))
+            if key not in cache:
+                cache[key] = original(target, continuation, progress, [prompt], params)
+            answers += cache[key]
+        return answers
+
+    @contextlib.contextmanager
+    def use():  # noqa: ANN202
+        distill.training_sequences = cached
+        try:
+            yield
+        finally:
+            distill.training_sequences = original
+
+    return use

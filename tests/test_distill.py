@@ -20,12 +20,13 @@ from kerneltriage.engine.speculative.config import check_same_vocabulary, parse_
 
 
 @pytest.fixture(scope="module")
-def trained(default_checkpoint, tmp_path_factory):  # noqa: ANN001, ANN201
+def trained(default_checkpoint, tmp_path_factory, shared_answers):  # noqa: ANN001, ANN201
     target = build_runner(default_checkpoint, torch.device("cpu"), torch.float32)
     prompts, held_out = distill.PROMPTS, distill.HELD_OUT
     distill.PROMPTS, distill.HELD_OUT = prompts[:5] + prompts[-2:], 2  # 5 to train on, 2 held out: seconds, not minutes
     try:
-        student, report = distill.distill(target, layers=2, steps=40, continuation=24)
+        with shared_answers():
+            student, report = distill.distill(target, layers=2, steps=40, continuation=24)
     finally:
         distill.PROMPTS, distill.HELD_OUT = prompts, held_out
     folder = tmp_path_factory.mktemp("draft")

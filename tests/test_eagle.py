@@ -116,13 +116,14 @@ def test_a_backend_without_heads_refuses_eagle() -> None:
 
 
 @pytest.fixture(scope="module")
-def trained(default_checkpoint, tmp_path_factory):  # noqa: ANN001, ANN201
+def trained(default_checkpoint, tmp_path_factory, shared_answers):  # noqa: ANN001, ANN201
     target = build_runner(default_checkpoint, torch.device("cpu"), torch.float32)
     prompts, held_out = distill.PROMPTS, distill.HELD_OUT
     distill.PROMPTS, distill.HELD_OUT = prompts[:5] + prompts[-2:], 2  # 5 to train on, 2 held out: seconds
     torch.manual_seed(0)
     try:
-        head, report = eagle_train.train_head(target, steps=40, continuation=24, prompts=distill.PROMPTS[:5])
+        with shared_answers():
+            head, report = eagle_train.train_head(target, steps=40, continuation=24, prompts=distill.PROMPTS[:5])
     finally:
         distill.PROMPTS, distill.HELD_OUT = prompts, held_out
     path = tmp_path_factory.mktemp("eagle") / "head.safetensors"

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from kerneltriage.backends.torch import distill
-from kerneltriage.backends.torch.distill import Answered, Progress, Unstored, training_sequences
+from kerneltriage.backends.torch.distill import Answered, Progress, Unstored
 from kerneltriage.backends.torch.eagle import EagleHead
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
@@ -148,10 +148,9 @@ def train_head(target: Runner, steps: int, continuation: int, samples: int = 0,
     held_prompts = distill.PROMPTS[-distill.HELD_OUT:]
     prompts = (*distill.PROMPTS[:-distill.HELD_OUT], *EXTRA_PROMPTS) if prompts is None else prompts
     params = [SamplingParams()] + [SamplingParams(temperature=SAMPLE_TEMPERATURE, seed=seed) for seed in range(samples)]
-    train = [_example(target, sequence) for sequence in training_sequences(target, continuation, progress, prompts,
-                                                                           params)]
-    held_out = [_example(target, sequence) for sequence in training_sequences(target, continuation, progress,
-                                                                              held_prompts)]
+    answers = distill.training_sequences  # (the module's: tests share one set of the target's answers)
+    train = [_example(target, sequence) for sequence in answers(target, continuation, progress, prompts, params)]
+    held_out = [_example(target, sequence) for sequence in answers(target, continuation, progress, held_prompts)]
     head = EagleHead(target.model, target.device)
     for parameter in target.model.parameters():
         parameter.requires_grad_(False)
