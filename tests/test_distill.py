@@ -26,7 +26,7 @@ def trained(default_checkpoint, tmp_path_factory, shared_answers):  # noqa: ANN0
     distill.PROMPTS, distill.HELD_OUT = prompts[:5] + prompts[-2:], 2  # 5 to train on, 2 held out: seconds, not minutes
     try:
         with shared_answers():
-            student, report = distill.distill(target, layers=2, steps=40, continuation=24)
+            student, report = distill.distill(target, layers=2, steps=25, continuation=24)
     finally:
         distill.PROMPTS, distill.HELD_OUT = prompts, held_out
     folder = tmp_path_factory.mktemp("draft")
@@ -37,7 +37,7 @@ def trained(default_checkpoint, tmp_path_factory, shared_answers):  # noqa: ANN0
 def test_the_draft_learns_the_target(trained) -> None:  # noqa: ANN001
     _, _, report, _ = trained
     assert report.sequences == 5 and report.layers == 2
-    assert report.kl_last < 0.3 * report.kl_first, report  # 40 steps: ~17 → ~2 nats per answer position here
+    assert report.kl_last < 0.3 * report.kl_first, report  # 25 steps: 19.6 → 4.6 nats per answer position here
     # over the held-out answers only (48 positions; not the prompts' template text): 4% → 10% here
     assert report.agreement_after > report.agreement_before + 0.04, report
 
