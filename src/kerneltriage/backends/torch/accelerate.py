@@ -74,9 +74,9 @@ class GraphedStep:
     def prepare(self, model: Model, start: int, end: int, rows: list[int]) -> None:
         """Capture now each graph of `rows` rows a run writing positions start…end-1 may replay (every window its
         steps can reach), so that none is captured in the middle of a run: which ones a speculative run needs
-        depends on where the controller verifies, which differs from run to run (a capture inside a timed sample
-        cost one of ab's five ~0.14 s where the others took ~0.123). Captures write cache slots from `start` on,
-        past the text so far: every later step writes a slot before anything reads it."""
+        depends on where the controller verifies, which differs from run to run, and a capture must not land inside
+        a timed sample (on the H200 this did not remove the slow speculative runs: README, round 8). Captures write
+        cache slots from `start` on, past the text so far: every later step writes a slot before anything reads it."""
         cache = model.cache
         if cache is not self.cache:
             self.graphs.clear()

@@ -81,8 +81,9 @@ class EagleHead(nn.Module):
 
 
 def _uncached_plan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: Positions) -> torch.Tensor:
-    """The stock attention without cuDNN's: cuDNN builds an execution plan per new shape, and the head's every feed
-    has a new (rows, keys) shape — on the H200 its drafts took 137 ms (median) until cuDNN was left out."""
+    """The stock attention without cuDNN's: cuDNN plans per new shape, and after a run of plain steps each feed of the
+    head has a new (rows, keys) shape — on the H200 such drafts took 137 ms (median) with cuDNN in the profile; that
+    cuDNN's planning was the cause is likely, not verified (README, the EAGLE head)."""
     if not q.is_cuda:
         return sdpa_attention(q, k, v, pos)
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -43,8 +43,9 @@ class DepthController:
     pays while E(j)·plain > C(j); k is set to the best j ≤ k + 1, and when even that loses, speculation is off
     until shadow drafts (scored for free during plain steps, `observe_shadow`) bring the estimate back to
     RESUME_SPEEDUP — with the measured costs kept from before; a drafter that cannot shadow waits out a cooldown of
-    plain steps and re-measures — unless even a draft accepted every time would lose at the measured costs (a drafter
-slower per token than a plain step: the eager EAGLE head on the H200), which keeps it off for good. Padded (a verify costs its padded shape's price, so C(j) steps up only where j
+    plain steps and re-measures — unless even a draft accepted every time would lose at the measured costs (a
+    drafter slower per token than a plain step: the eager EAGLE head on the H200), which keeps it off for good.
+    Padded (a verify costs its padded shape's price, so C(j) steps up only where j
     needs a larger shape), any j is an option and the deepest one within SHRINK_MARGIN of the best is kept. A fixed
     depth (`depth` given) is never changed.
     """
@@ -175,11 +176,13 @@ slower per token than a plain step: the eager EAGLE head on the H200), which kee
         """Estimated E(depth)·plain / C(depth): above 1, speculating at this depth beats plain decode."""
         return self._speedups(depth, prior, only=depth)[depth]
 
-    def _speedups(self, top: int, prior: float = 0.0, only: int | None = None) -> dict[int, float]:
-        """The estimated speed-up of every k ≤ top (or of `only`), deepest first; the costs' medians taken once (the
-        controller judges on the host between a verify and the next draft, while the device waits)."""
+    def _speedups(self, top: int, prior: float = 0.0, only: int | None = None,
+                  tokens: list[float] | None = None) -> dict[int, float]:
+        """The estimated speed-up of every k ≤ top (or of `only`), deepest first, at the estimated E(k) (or `tokens`,
+        E(0)…E(top)); the costs' medians taken once (the controller judges on the host between a verify and the next
+        draft, while the device waits)."""
         plain, draft = median(self.plain_costs), median(self.draft_costs)
-        tokens, extra = self._expected(top, prior), {}
+        tokens, extra = tokens or self._expected(top, prior), {}
         speedups = {}
         for j in ([only] if only is not None else range(top, 0, -1)):
             rows = padded_rows(j, self.deepest) if self.padded else j + 1
@@ -219,11 +222,8 @@ slower per token than a plain step: the eager EAGLE head on the H200), which kee
 
     def ceiling(self) -> float:
         """The best speed-up any k could reach were every draft accepted (E(k) = k + 1) at the measured costs."""
-        plain, draft = median(self.plain_costs), median(self.draft_costs)
         top = self.max_depth if self.padded else min(self.depth + 1, self.max_depth)
-        return max((j + 1) * plain / (plain + j * draft + self._verify_extra(padded_rows(j, self.deepest)
-                                                                             if self.padded else j + 1))
-                   for j in range(1, top + 1))
+        return max(self._speedups(top, tokens=[j + 1.0 for j in range(top + 1)]).values())
 
     def _switch_off(self, best: int, speedup: float) -> None:
         tokens, plain = self.expected_tokens(best), median(self.plain_costs) * 1e3
