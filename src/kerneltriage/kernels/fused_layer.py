@@ -34,6 +34,8 @@ MAX_ROWS = 32  # decode (1) and speculative verify (k + 1 ≤ 32 for suffix:31) 
 BN = 4  # output columns (q/k/v: rotation pairs) per GEMV program
 DOT_ROWS, DOT_BN, DOT_BK = 16, 16, 64  # from 16 padded rows the GEMVs use tl.dot (`_gemv2`), in these tiles,
 DOT_STAGES = 8  # with this many rounds of K in flight (Triton's software pipelining; `_tiles` has the numbers)
+DOT_WARPS = 4  # warps per tl.dot program: 1 / 2 / 8 made a 16-row verify 4–32% slower (H200,
+# verify-kernels-smollm2-preset-h200-round1.json)
 SPLIT_PROGRAMS = 64  # a tl.dot GEMV's K split over programs until there are this many (0: never; `_k_splits`)
 MAX_BLOCKS = 4096  # column blocks of one split-K GEMV at most (the semaphores: `_semaphores`)
 TILE = 8192  # elements of a GEMV program's (rows, columns, K) tile per weight: registers, not shared memory
@@ -310,6 +312,14 @@ class Tiles(NamedTuple):
     def grid(self, n: int) -> tuple[int, int]:
         return triton.cdiv(n, self.bn), self.splits
 
+    def warps(self, two: bool) -> int:
+        """Warps per program: DOT_WARPS for a tl.dot tile (16+ rows and columns); on the CUDA cores 8 where a
+        program holds more than WIDE weight elements at once (64 per thread at most), else 4 (the default model's
+        one-row tiles are all ≤ WIDE, so its measured launches ran 4)."""
+        if self.rows >= DOT_ROWS and self.bn >= 16:
+            return DOT_WARPS
+        return 8 if (2 if two else 1) * self.bn * self.bk > WIDE else 4
+
     def workspace(self, like: torch.Tensor, n: int, two: bool) -> torch.Tensor:
         """The float32 shares of a split K (`_split_sum`); `like` itself where K is not split (never read)."""
         if self.splits == 1:
@@ -348,12 +358,6 @@ def _tiles(rows: int, n: int, k: int) -> Tiles:
         return Tiles(padded, DOT_BN, bk, rounds // splits, DOT_STAGES, splits)
     bk = min(triton.next_power_of_2(k), max(16, TILE // (padded * BN)))
     return Tiles(padded, BN, bk, triton.cdiv(k, bk), 1)
-
-
-def _warps(weight_elements: int) -> int:
-    """Warps for a GEMV program holding this many weight elements at once (8 past WIDE: 64 per thread at most;
-    the default model's tiles are all ≤ WIDE, so its measured launches ran 4)."""
-    return 8 if weight_elements > WIDE else 4
 
 
 class Weights(NamedTuple):
@@ -440,7 +444,7 @@ def layer(x: torch.Tensor, w: Weights, shape: Shape, cos: torch.Tensor, sin: tor
         hidden, x.stride(0), w.qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1), keys.stride(0),
         keys.stride(1), values.stride(0), values.stride(1), T=rows, ROWS=qkv.rows, HQ=heads, HKV=kv_heads,
         DIM=dim, BP=qkv.bn, BK=qkv.bk, ROUNDS=qkv.rounds, STAGES=qkv.stages, SPLITS=qkv.splits,
-        HAS_BIAS=w.qkv_bias is not None, PDL=pdl, launch_pdl=pdl, num_warps=_warps(2 * qkv.bn * qkv.bk))
+        HAS_BIAS=w.qkv_bias is not None, PDL=pdl, launch_pdl=pdl, num_warps=qkv.warps(True))
     chunk, splits = _splits(upper, kv_heads, x.device)
     rp, dp = max(ROWS_MIN, triton.next_power_of_2(group * rows)), max(16, triton.next_power_of_2(dim))
     m = torch.empty(kv_heads * splits * rp, device=x.device, dtype=torch.float32)
@@ -460,7 +464,7 @@ def layer(x: torch.Tensor, w: Weights, shape: Shape, cos: torch.Tensor, sin: tor
     _gate_up[mlp.grid(inter)](
         h, w.post_norm, w.gate, w.up, act, mlp.workspace(x, inter, True), sem, w.eps, hidden, inter, h.stride(0),
         w.gate.stride(0), act.stride(0), T=rows, ROWS=mlp.rows, BN=mlp.bn, BK=mlp.bk, ROUNDS=mlp.rounds,
-        STAGES=mlp.stages, SPLITS=mlp.splits, PDL=pdl, launch_pdl=pdl, num_warps=_warps(2 * mlp.bn * mlp.bk))
+        STAGES=mlp.stages, SPLITS=mlp.splits, PDL=pdl, launch_pdl=pdl, num_warps=mlp.warps(True))
     return _residual(act, w.down, h, sem, pdl)
 
 
@@ -473,5 +477,5 @@ def _residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, sem
     _gemv_residual[t.grid(n)](x, weight, residual, out, t.workspace(x, n, False), sem, k, n, x.stride(0),
                               weight.stride(0), residual.stride(0), out.stride(0), T=rows, ROWS=t.rows, BN=t.bn,
                               BK=t.bk, ROUNDS=t.rounds, STAGES=t.stages, SPLITS=t.splits, PDL=pdl, launch_pdl=pdl,
-                              num_warps=_warps(t.bn * t.bk))
+                              num_warps=t.warps(False))
     return out
