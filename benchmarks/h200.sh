@@ -13,6 +13,8 @@
 #   prefill-graphs  ab of prefill_graphs alone on the default model
 #   fused-tests     tests/test_fused_layer.py on the GPU (the kernels compiled, not interpreted)
 #   verify-tiles    the verify GEMVs' tile and pipelining candidates (benchmarks/verify_tiles_probe.py; no model needed)
+#   verify-kernels  each kernel's µs in a plain step and in verifies, and candidates against the verify's extra time
+#   verify-host     the host's share of a graphed verify step, call by call (no model needed)
 #   spec-profile    where a speculative verify step's time goes (benchmarks/spec_profile.py), two prompt sets
 #   quantized       ab of the quantized GEMV on the default model
 #   kernels         kernel run of split_kv_attention and silu_gemv (IEEE float32; needs the model)
@@ -100,6 +102,11 @@ case "$1" in
   fused-tests) step 300 python3 -m pytest -q tests/test_fused_layer.py > "$OUT/gpu-fused-layer-h200.txt" 2>&1 ;;
   verify-tiles)
     step 400 python3 benchmarks/verify_tiles_probe.py --out "$OUT/verify-tiles-smollm2-preset-h200-split-gemv.json" ;;
+  verify-kernels)  # each kernel's µs in a plain step and 9/16/32-row verifies, and candidates against the verify's
+    # extra time (PDL, the L2 prefetch, tl.dot warps, a gathered embedding), interleaved in one process (no model needed)
+    step 300 python3 benchmarks/verify_kernels_probe.py --out "$OUT/verify-kernels-smollm2-preset-h200.json" ;;
+  verify-host)  # the host's share of a graphed verify step, call by call (no model needed)
+    step 120 python3 benchmarks/verify_host_probe.py --out "$OUT/verify-host-smollm2-preset-h200.json" ;;
   spec-profile)  # where a verify step's time goes: the decoder's calls on the host, the verify's kernels
     for set in repetitive open_ended; do
       step 120 python3 benchmarks/spec_profile.py --set $set --out "$OUT/spec-profile-$set-h200-${TAG:-fused}.json" \
