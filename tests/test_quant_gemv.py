@@ -69,11 +69,11 @@ def test_a_quantized_model_keeps_the_dequantized_models_tokens() -> None:
     checkpoint = _quantized_checkpoint("Q4_1")  # the default GGUF's type (the kernel test covers the other two)
     stock, quant = _runner(checkpoint), _quantized(_runner(checkpoint))
     prompt = list(range(5, 21))
-    expected = list(generate_step(stock, prompt, SamplingParams(), 8))
-    assert len(set(expected)) > 3
-    assert list(generate_step(quant, prompt, SamplingParams(), 8)) == expected
-    # 2 layers × 7 projections per forward: the prompt (dequantized, 16 rows) and 7 decode steps (the GEMV)
-    assert quant.counters["quantized"] == 2 * 7 * 8
+    expected = list(generate_step(stock, prompt, SamplingParams(), 5))
+    assert len(set(expected)) > 2
+    assert list(generate_step(quant, prompt, SamplingParams(), 5)) == expected
+    # 2 layers × 7 projections per forward: the prompt (dequantized, 16 rows) and 4 decode steps (the GEMV)
+    assert quant.counters["quantized"] == 2 * 7 * 5
     assert 0.3 * stock.held_bytes() < quant.held_bytes() < 0.8 * stock.held_bytes()  # the blocks replace them
 
 
@@ -108,8 +108,8 @@ def test_ab_float32_check_compares_the_lever_with_stock_on_its_own_exact_weights
     a = BACKEND.build(checkpoint, RunConfig(), DEVICE, "bfloat16")
     b = BACKEND.build(checkpoint, RunConfig.from_flags("quantized"), DEVICE, "bfloat16")
     prompts = [list(range(5, 11))]
-    fed = [list(generate_step(a, prompts[0], SamplingParams(), 3))[:2]]
-    judged = equivalence.judge_logits(BACKEND, a, b, prompts, 3, True, fed)
+    fed = [list(generate_step(a, prompts[0], SamplingParams(), 2))[:1]]
+    judged = equivalence.judge_logits(BACKEND, a, b, prompts, 2, True, fed)
     assert judged["semantic_error"] < equivalence.LOGIT_RTOL, judged
     assert judged["error_a"] > 10 * equivalence.LOGIT_RTOL  # bf16: what the old check charged to the lever
 
