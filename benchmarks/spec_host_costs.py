@@ -1,6 +1,8 @@
 """The speculative loop's host work that the device waits for, timed on this machine (no device needed): indexing a
-prompt in the suffix automaton, a verify step's draft with and without following the copy in progress, and one
-judgement of the depth controller at 15 and 31 depths. Over the replay texts of draft_replay.py.
+prompt in the suffix automaton, a verify step's draft with and without following the copy in progress, one
+judgement of the depth controller at 15 and 31 depths, and the whole of it between a verify's acceptance and the next
+step's call to the target (the device idles then: acceptance reads the tokens back). Over the replay texts of
+draft_replay.py.
 
     python3 benchmarks/spec_host_costs.py --texts ~/.cache/kerneltriage/replay-texts.json --out costs.json
 """
@@ -9,11 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import random
 import statistics
 import time
 from pathlib import Path
 from types import SimpleNamespace
+
+import torch
 
 from kerneltriage.core.environment import capture_environment
 from kerneltriage.engine.speculative.config import padded_rows
@@ -76,6 +81,56 @@ def judgement(depth: int, calls: int = 300) -> float:
     return us(seconds)
 
 
+def critical_path(texts: list) -> dict[str, float]:
+    """The host's time between a verify's acceptance returning and the next step's call to the target (the next
+    verify or plain step; the device idles meanwhile on a GPU), µs, median and mean over every verify step of the
+    decoder's runs over `texts` (draft_replay's ReplayTarget on a compact vocabulary: its one-hot rows are cheap)."""
+    from kerneltriage.backends.torch.sampling import TorchSampler
+    from kerneltriage.engine.sampling import SamplingParams
+    from kerneltriage.engine.speculative.config import parse_speculation
+    from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
+    from kerneltriage.engine.speculative.lookup import lookup_drafter
+
+    from draft_replay import ReplayTarget
+
+    ids: dict[int, int] = {}
+    compact = [[[ids.setdefault(t, len(ids)) for t in part] for part in pair] for pair in texts]
+    gaps, accepted = [], [None]
+
+    class Timed(ReplayTarget):
+        def verify(self, *args):  # noqa: ANN002, ANN202
+            self._gap()
+            return super().verify(*args)
+
+        def decode(self, *args):  # noqa: ANN002, ANN202
+            self._gap()
+            return super().decode(*args)
+
+        def _gap(self) -> None:
+            if accepted[0] is not None:
+                gaps.append(time.perf_counter() - accepted[0])
+                accepted[0] = None
+
+    class Sampler(TorchSampler):
+        def accept(self, *args):  # noqa: ANN002, ANN202
+            emitted = super().accept(*args)
+            accepted[0] = time.perf_counter()
+            return emitted
+
+    speculation = parse_speculation("suffix", None)
+    decoder = SpeculativeDecoder(speculation, lookup_drafter(speculation))
+    target = Timed({16: 1.43, 32: 1.62}, True, len(ids))
+    decoder.host_clock = target.clock
+    for _ in range(2):  # the second pass is timed: the first warms the interpreter's caches
+        gaps.clear()
+        for prompt, continuation in compact:
+            accepted[0] = None  # a prompt's last acceptance is no step's: the next prompt's set-up follows it
+            first = target.start(prompt, continuation)
+            list(decoder(target, first, len(prompt), len(continuation), Sampler(SamplingParams(), prompt,
+                                                                              torch.device("cpu"))))
+    return {"verify_steps": len(gaps), "median_us": us(gaps), "mean_us": round(1e6 * statistics.fmean(gaps), 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--texts", required=True, help="draft_replay.py's greedy texts (written by it)")
@@ -93,6 +148,7 @@ def main() -> None:
               "draft_us_automaton": draft_per_step(texts, follow=False),
               "draft_us_following": draft_per_step(texts, follow=True),
               "judgement_us_depth15": judgement(15), "judgement_us_depth31": judgement(31),
+              "acceptance_to_next_step": critical_path(texts),
               "environment": capture_environment()}
     print(json.dumps({k: v for k, v in result.items() if k != "environment"}, indent=1))
     if args.out:

@@ -45,6 +45,7 @@ class SpeculativeDecoder:
         self.drafted: Any = None  # the draft made after the last plain token (a lookup drafter, auto depth), if any
         self.measured: Any = None  # the runner whose costs the controller holds
         self.host_clock = time.perf_counter  # the host's clock (a replay on recorded text puts its own here)
+        self.unsettled: tuple | None = None  # the last verify step, not yet in the stats and the controller
         self.reset_total()
 
     def reset_total(self) -> None:
@@ -74,6 +75,7 @@ class SpeculativeDecoder:
                                f"the cache {start}")
         if self.speculation.tree and not sampler.params.greedy:
             raise InputError(f"--spec {self.speculation.source_text}: {TREE_GREEDY_ONLY}")
+        self._settle()  # a run left unfinished (its generator never closed): its last verify is its own
         self.stats = SpecStats(self.speculation.source_text)
         earlier, self.controller = self.controller, DepthController(self.speculation.depth, self.deepest(runner),
                                                                      padded=runner.pads_verify)
@@ -99,6 +101,7 @@ class SpeculativeDecoder:
                 self.shadow.clear()  # a verify measured acceptance itself
                 yield from emitted
         finally:  # a stop string closes the loop early: what ran still counts
+            self._settle()
             self.total.merge(self.stats)
 
     def _depth(self, runner: "Steps", context: list[int], end: int) -> int:
@@ -117,6 +120,7 @@ class SpeculativeDecoder:
         arriving: the device's step when the host keeps up."""
         position = len(context) - 1  # where the token being fed goes
         token = sampler(runner.decode(context[-1], position))
+        self._settle()
         last = self.host_clock()
         self.drafted = None
         while True:
@@ -174,14 +178,26 @@ class SpeculativeDecoder:
         logits = runner.verify(context[-1], draft.tokens, position, rows)
         if self.shadows:
             self.drafter.catch_up(context)
+        self._settle()  # the previous verify's bookkeeping, while the device verifies this one
         emitted = sampler.accept(logits, draft)
         runner.counters[SPEC_COUNTER] += 1
         runner.trim_cache(position + len(emitted))  # forget the rejected drafts' entries
         verified = self._now(runner)
-        self.stats.record_verify(draft.size, len(emitted) - 1, drafted - began, verified - drafted)
-        self.controller.observe_verify(draft.size, len(emitted) - 1, drafted - began, verified - drafted,
-                                       rows or draft.size + 1)
+        self.unsettled = (draft.size, len(emitted) - 1, drafted - began, verified - drafted, rows or draft.size + 1)
         return emitted
+
+    def _settle(self) -> None:
+        """Record the last verify step in the stats and the controller, if not yet done. Called once the next step
+        is queued on the device: between a verify's acceptance and the next step's launch the device waits for the
+        host, and the controller's bookkeeping and judgement (~30 µs per verify step on the CPU machine, a judgement
+        ~40–70: spec_host_costs.py) need not be on that path. The controller decides each k from the steps before
+        the last one: a judgement every WARMUP_STEPS verifies, one step later than it could."""
+        if self.unsettled is None:
+            return
+        drafted, accepted, draft_s, verify_s, rows = self.unsettled
+        self.unsettled = None
+        self.stats.record_verify(drafted, accepted, draft_s, verify_s)
+        self.controller.observe_verify(drafted, accepted, draft_s, verify_s, rows)
 
     def _now(self, runner: "Steps") -> float:
         """A timestamp for a verify step's costs. A lookup drafter leaves the device idle while it drafts, and the
@@ -195,11 +211,12 @@ class SpeculativeDecoder:
         """Verify a token tree in one forward, keep the accepted branch (engine/speculative/tree.py). The stats
         and the controller see the tree's depth as the drafted length: acceptance by position is by depth."""
         drafted = self._now(runner)
-        emitted, path = sampler.accept_tree(runner.verify_tree(last, tree, position), tree)
+        logits = runner.verify_tree(last, tree, position)
+        self._settle()
+        emitted, path = sampler.accept_tree(logits, tree)
         runner.counters[SPEC_COUNTER] += 1
         runner.keep_branch(position, path)  # the accepted nodes' entries moved to consecutive positions
         verified = self._now(runner)
-        self.stats.record_verify(tree.depth, len(path), drafted - began, verified - drafted)
-        self.controller.observe_verify(tree.depth, len(path), drafted - began, verified - drafted,
-                                       tree.depth + 1)  # the controller prices a tree by its depth
+        # the controller prices a tree by its depth
+        self.unsettled = (tree.depth, len(path), drafted - began, verified - drafted, tree.depth + 1)
         return emitted
