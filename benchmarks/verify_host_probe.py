@@ -31,6 +31,8 @@ from kerneltriage.core.environment import capture_environment
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.sources import load_checkpoint
 
+from verify_tiles_probe import queued_us
+
 FUSED = "packed_qkv,packed_gate_up,last_logits,fused_norm,fused_layer,pdl,graphs"
 POSITION = 300
 PASSES = 3
@@ -47,16 +49,6 @@ def host_us(call, iters: int, idle: bool = True) -> float:  # noqa: ANN001
         seconds.append(time.perf_counter() - began)
     torch.cuda.synchronize()
     return 1e6 * statistics.median(seconds)
-
-
-def queued_us(call, iters: int) -> float:  # noqa: ANN001
-    call()
-    torch.cuda.synchronize()
-    began = time.perf_counter()
-    for _ in range(iters):
-        call()
-    torch.cuda.synchronize()
-    return 1e6 * (time.perf_counter() - began) / iters
 
 
 @torch.inference_mode()
