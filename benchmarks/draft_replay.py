@@ -143,17 +143,26 @@ def greedy_texts(model: str, sets: list[str], count: int) -> dict[str, object]:
     return {"model": model, "n": count, "sets": texts}
 
 
-def parse_costs(text: str) -> dict[int, float]:
-    """`16:1.43,32:1.62` → {16: 1.43, 32: 1.62}: every padded shape's verify step in plain steps."""
+def parse_costs(text: str, any_shapes: bool = False) -> dict[int, float]:
+    """`16:1.43,32:1.62` → {16: 1.43, 32: 1.62}: every padded shape's verify step in plain steps (those of
+    config.VERIFY_BUCKETS, or with `any_shapes` any ascending set ending at 32 rows at most)."""
     costs = {}
     for item in text.split(","):
         rows, colon, cost = item.partition(":")
         if not (colon and rows.isdigit() and cost.replace(".", "", 1).isdigit()):
             raise ValueError(item)
         costs[int(rows)] = float(cost)
-    if set(costs) != set(VERIFY_BUCKETS):
+    if set(costs) != set(VERIFY_BUCKETS) and not (any_shapes and 1 < min(costs) and max(costs) <= 32):
         raise ValueError(f"shapes {sorted(costs)}")
     return costs
+
+
+def pad_to(shapes: tuple[int, ...]) -> None:
+    """What if verifies were padded to `shapes` instead of config.VERIFY_BUCKETS: the decoder's padding and the
+    suffix drafter's free tokens read them (this process only)."""
+    from kerneltriage.engine.speculative import config, suffix
+
+    config.VERIFY_BUCKETS = suffix.VERIFY_BUCKETS = shapes
 
 
 def main() -> None:
@@ -166,16 +175,20 @@ def main() -> None:
     parser.add_argument("--depth", default=None, help="as --spec-depth takes it (default auto)")
     parser.add_argument("--verify-costs", default=DEFAULT_COSTS, help="a verify step in plain steps for each padded "
                         f"shape, ROWS:COST,… (default {DEFAULT_COSTS})")
+    parser.add_argument("--other-shapes", action="store_true", help="pad verifies to --verify-costs' shapes "
+                        f"instead of the decoder's ({','.join(map(str, VERIFY_BUCKETS))}): a what-if")
     parser.add_argument("--eager", action="store_true", help="verifies of k + 1 rows (no graphs): a draft's length "
                         "costs rows (the drafters' length rules apply), each verify priced at --verify-cost")
     parser.add_argument("--verify-cost", type=float, default=1.9, help="with --eager: a verify step in plain steps")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     try:
-        costs = {"flat": args.verify_cost} if args.eager else parse_costs(args.verify_costs)
+        costs = {"flat": args.verify_cost} if args.eager else parse_costs(args.verify_costs, args.other_shapes)
     except ValueError as exc:
-        parser.error(f"--verify-costs {args.verify_costs}: {exc} is not ROWS:COST for each of the padded shapes "
-                     f"{','.join(map(str, VERIFY_BUCKETS))}")
+        shapes = "shapes of 2..32 rows" if args.other_shapes else f"padded shapes {','.join(map(str, VERIFY_BUCKETS))}"
+        parser.error(f"--verify-costs {args.verify_costs}: {exc} is not ROWS:COST for each of the {shapes}")
+    if args.other_shapes and not args.eager:
+        pad_to(tuple(sorted(costs)))
     sets = args.sets.split(",")
     unknown = [name for name in sets if not (PROMPTS / f"{name}.jsonl").is_file()]
     if unknown:
@@ -190,6 +203,7 @@ def main() -> None:
             parser.error(f"--sources {source}: not a lookup source; expected ngram[:N] or suffix[:N]")
     texts = load_texts(parser, args, sets)
     result = {"benchmark": "draft-replay", "model": args.model, "depth": args.depth or "auto", "verify_costs": costs,
+              "other_shapes": args.other_shapes,
               "padded": not args.eager, "texts": {name: len(texts[name]) for name in sets}, "sets": {},
               "environment": capture_environment()}
     for name in sets:

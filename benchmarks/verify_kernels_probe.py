@@ -49,8 +49,8 @@ class Candidate(NamedTuple):
 # round 2 (…-round2.json, machine 3): current 742 / 798 / 904, plain 598 (1.24 / 1.33 / 1.51); the loads a split K's
 #   epilogue needs (residual, RoPE's tables, positions) issued before its count ("current" there; "no hoist" is the
 #   code since) 736 / 804 / 896: nothing, dropped; K split until 32 / 128 programs 768 / 846 / 915, 855 / 871 / 1,043
-#   (64 stays); the gathered embedding 735 / 791 / 900: 7–13 µs at 9–16 rows, but 1.6 µs more at one row (its kernel
-#   4.4 µs against index_select's 2.8): not taken.
+#   (64 stays); the gathered embedding 735 / 791 / 900: 7–13 µs at 9–16 rows, but at one row its kernel takes 4.3 µs
+#   against index_select's 2.8 (round 1's profiles): not taken.
 # The per-kernel tables without PDL (…-round0.json: each kernel alone, no overlap) put the 16-row verify's extra
 # ~200 µs in the GEMVs (o_proj + down +76, gate/up +41, q/k/v +45: ~1.3–1.5 µs more per tl.dot launch than per one-row
 # launch), attention +16, the embedding's index_select +9.

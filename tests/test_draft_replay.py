@@ -41,3 +41,8 @@ def test_costs_name_every_padded_shape(draft_replay) -> None:  # noqa: ANN001
     for bad in ("16:1.4", "16:x,32:1", "16=1.4,32:1.6"):
         with pytest.raises(ValueError):
             draft_replay.parse_costs(bad)
+    # a what-if of other shapes (--other-shapes): any ascending set of 2..32 rows, still each shape priced
+    assert draft_replay.parse_costs("9:1.3,16:1.4,32:1.6", any_shapes=True) == {9: 1.3, 16: 1.4, 32: 1.6}
+    for bad in ("1:1.0,16:1.4", "16:1.4,64:2"):
+        with pytest.raises(ValueError):
+            draft_replay.parse_costs(bad, any_shapes=True)

@@ -164,8 +164,8 @@ def test_pdl_needs_fused_layer_and_cuda() -> None:
 
 
 # Every fused kernel built for sm_90 (Triton's compiler and its bundled ptxas; no GPU needed) with PDL on and off,
-# in one process: the GPU build the interpreter never runs. Pointers and ints are taken 16-divisible, as a launch specialises them
-# (without that Triton neither vectorises nor pipelines the loads). The verify tiles' K rounds must be pipelined
+# in one process: the GPU build the interpreter never runs. Pointers and ints are taken 16-divisible, as a launch
+# specialises them (without that Triton neither vectorises nor pipelines the loads). The verify tiles' K rounds must be pipelined
 # (cp.async) with PDL's wait ahead of every load of x. Run apart from this process, where conftest may have set
 # the interpreter.
 SM90_BUILD = """

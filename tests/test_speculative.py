@@ -376,8 +376,8 @@ def test_sampled_speculation_follows_the_targets_joint_distribution(source: str)
     plain sampling's joint distribution p(t1) p(t2 | t1) p(t3 | t1, t2), computed from the target's own forwards —
     χ² at α = 0.001 over the 8 sequences top_k = 2 leaves. `rejection_accept` has its own test above; this one
     covers what the loop adds (positions, the cache trimmed after a rejection, q from the drafter, the filters).
-    Power: a residual drawn from p instead of (p − q)+ gave χ² 106 here (critical 24.3), every draft kept a token
-    outside the 8 sequences (tried by hand, 2026-12-01)."""
+    Power: a residual drawn from p instead of (p − q)+ gave χ² 106 here (critical 24.3), and keeping every draft
+    emitted sequences outside the 8 (both tried by hand, 2026-12-01)."""
     from kerneltriage.backends.torch.sampling import filter_logits
 
     params = SamplingParams(temperature=1.5, top_k=2)

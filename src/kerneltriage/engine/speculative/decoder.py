@@ -190,7 +190,7 @@ class SpeculativeDecoder:
         """Record the last verify step in the stats and the controller, if not yet done. Called once the next step
         is queued on the device: between a verify's acceptance and the next step's launch the device waits for the
         host, and the controller's bookkeeping and judgement (~30 µs per verify step on the CPU machine, a judgement
-        ~40–70: spec_host_costs.py) need not be on that path. The controller decides each k from the steps before
+        25–70: spec_host_costs.py) need not be on that path. The controller decides each k from the steps before
         the last one: a judgement every WARMUP_STEPS verifies, one step later than it could."""
         if self.unsettled is None:
             return
