@@ -91,6 +91,25 @@ def test_graphed_suffix_speculation_verifies_in_both_shapes(default_checkpoint, 
     assert runner.speculation.stats.tokens_per_step > 8
 
 
+@pytest.mark.parametrize("levers", ["graphs,one_sync", "fused_layer,pdl,graphs,one_sync"])
+@pytest.mark.parametrize("spec", ["suffix", "ngram"])
+def test_resident_verifies_keep_greedy_tokens(default_checkpoint, levers: str, spec: str) -> None:
+    """one_sync with a lookup --spec under graphs: every verify drafts and accepts on the device, queued one ahead
+    (backends/torch/resident.py); the tokens are plain decoding's across a window boundary and both shapes."""
+    prompts = load_prompt_set(REPETITIVE, default_checkpoint.tokenizer).prompts
+    prompt = list(prompts[2])  # add-type-hints: the model copies the module out
+    new = max(352 - len(prompt), 64)  # past the first 256-slot window by more than a 32-row verify
+    plain = list(generate_step(cuda_runner(default_checkpoint, levers), prompt, SamplingParams(), new))
+    runner = cuda_runner(default_checkpoint, levers, spec)
+    assert list(generate_step(runner, prompt, SamplingParams(), new)) == plain
+    stats = runner.speculation.stats
+    assert runner.counters["one_sync"] >= runner.counters[SPEC_COUNTER] == stats.verify_steps > 0
+    assert stats.tokens_per_step > 6
+    resident = runner.resident_verify.graphs  # captured before the run: every shape it may reach
+    assert {rows for _, rows in resident} == {16, 32}, resident
+    assert len({window for window, _ in resident}) >= 2  # the text crossed a 256-slot window
+
+
 def test_m_sweep_times_the_gemv_not_the_host(default_checkpoint) -> None:
     from kerneltriage.backends.torch.msweep import m_sweep
 

@@ -171,7 +171,7 @@ class PaddedOracle(OracleTarget):
         self.drafter, self.rows, self.indexed_at_first_read = drafter, [], None
         self.prepared: list[tuple[int, int, list[int]]] = []
 
-    def prepare_steps(self, start: int, end: int, rows: list[int]) -> None:
+    def prepare_steps(self, start: int, end: int, rows: list[int], lookback: int = 0) -> None:
         self.prepared.append((start, end, list(rows)))
 
     def verify(self, last: int, drafts: list[int], start: int, rows: int) -> torch.Tensor:

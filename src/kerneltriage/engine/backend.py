@@ -39,11 +39,22 @@ class Pending(Protocol):
         """Wait for it and return it."""
 
 
+class Queued(Protocol):
+    """A resident verify's outcome on its way to the host."""
+
+    def result(self) -> tuple[list[int], int]:
+        """Wait for it: (the tokens it emitted, the length of the match its draft came from)."""
+
+
 class Sampler(Protocol):
     """Sampling with the logits processors `(tokens, logits) → logits` of one generation; it keeps the token
     history on the device (prompt, then every token it emitted), so no host sync is needed to sample."""
 
     prompt: list[int]  # the host tokens the generation started from
+
+    @property
+    def argmax_only(self) -> bool:
+        """Sampling is the argmax of the raw logits (greedy, no logits processors): what a resident verify accepts."""
 
     def __call__(self, logits: Array) -> Array:
         """The next token (a device array) from logits (1, V); the token joins the history."""
@@ -65,9 +76,20 @@ class Steps(Protocol):
         """One forward over [last, drafts…] at positions start…: logits (k+1, V) of the real rows; padded to
         `rows` rows when that is larger (a fixed-shape verify: the padded rows are computed and dropped)."""
 
-    def prepare_steps(self, start: int, end: int, rows: Sequence[int]) -> None:
+    def prepare_steps(self, start: int, end: int, rows: Sequence[int], lookback: int = 0) -> None:
         """Before a run from position `start` to `end`: capture now whatever fixed-shape steps it may replay (plain
-        steps, verifies of each of `rows`), so that no capture lands inside the run; nothing where none are captured."""
+        steps, verifies of each of `rows`, and with `lookback` resident verifies of each of `rows` drafting from
+        matches of up to `lookback` tokens), so that no capture lands inside the run; nothing where none are
+        captured."""
+
+    def begin_resident(self, context: list[int], lookback: int) -> None:
+        """Where `resident`: the device's copy of the text ← `context`; resident drafts match up to `lookback`
+        tokens."""
+
+    def queue_verify(self, rows: int, reach: int) -> Queued:
+        """Where `resident`: queue a verify of `rows` rows that drafts from the device's text, verifies and accepts
+        greedily there, appending what it emits; its writes end before position `reach`. Nothing waits for the host
+        between two of them."""
 
     def read_later(self, token: Array) -> Pending:
         """Start copying a device token to the host without waiting for it."""
@@ -85,6 +107,10 @@ class Steps(Protocol):
     @property
     def pads_verify(self) -> bool:
         """True when steps are captured at fixed shapes: every verify then has the deepest step's rows."""
+
+    @property
+    def resident(self) -> bool:
+        """True when verifies can run resident on the device (`queue_verify`)."""
 
 
 class Runner(Steps, Protocol):

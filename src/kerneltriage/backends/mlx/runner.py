@@ -133,8 +133,12 @@ class Runner:
     def pads_verify(self) -> bool:
         return False  # a compiled step traces each verify shape once: no fixed-shape capture to pad to
 
-    def prepare_steps(self, start: int, end: int, rows: Sequence[int]) -> None:
+    def prepare_steps(self, start: int, end: int, rows: Sequence[int], lookback: int = 0) -> None:
         """Nothing to capture ahead: MLX captures no fixed-shape steps."""
+
+    @property
+    def resident(self) -> bool:
+        return False  # no verify drafts from a text kept on the device here: the speculative loop feeds each one
 
     # tokens in and out
     def tensor(self, tokens: Sequence[int]) -> mx.array:

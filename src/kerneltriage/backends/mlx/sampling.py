@@ -73,6 +73,10 @@ class MlxSampler:
             self.processors.append(repetition_penalty(params.repetition_penalty))
         self.history = mx.array(prompt, dtype=mx.int32)  # (N,)
 
+    @property
+    def argmax_only(self) -> bool:
+        return self.params.greedy and not self.processors
+
     def next_key(self) -> Key:
         """A fresh key from this generation's seed (None: MLX's global generator)."""
         if self.key is None:

@@ -51,22 +51,40 @@ class GraphedStep:
         self.cache: StaticKVCache | None = None
         self.pool = None
 
+    def attach(self, cache: StaticKVCache) -> StaticKVCache:
+        """`cache`, the graphs' from now on: a new (reallocated) cache drops the graphs captured on the old one."""
+        if cache is not self.cache:
+            self.graphs.clear()
+            self.cache, self.pool = cache, None
+        return cache
+
     def window(self, cache: StaticKVCache, end: int) -> int:
         """The attention window (cache slots) of a step ending at position `end`."""
         step = self.window_step or cache.max_len
         return min(cache.max_len, -(-end // step) * step)
 
     def __call__(self, model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
-        cache, rows = model.cache, tokens.shape[1]
-        if cache is not self.cache:
-            self.graphs.clear()
-            self.cache, self.pool = cache, None
-        window = self.window(cache, start + rows)
-        entry = self.graphs.get((window, rows)) or self._capture(model, cache, window, tokens, start)
+        rows = tokens.shape[1]
+        entry = self.entry(model, rows, start + rows, tokens, start)
         entry.tokens.copy_(tokens)
-        cache.position.fill_(start)
+        model.cache.position.fill_(start)
+        return self.replay(model, entry, start + rows)
+
+    def entry(self, model: Model, rows: int, end: int, tokens: torch.Tensor | None, start: int) -> _Graph:
+        """The graph of `rows` rows whose window holds positions up to `end`; captured now if it is new, writing the
+        slots from `start` on (with `tokens`, or zeros)."""
+        cache = self.attach(model.cache)
+        window = self.window(cache, end)
+        entry = self.graphs.get((window, rows))
+        if entry is None:
+            slot = torch.zeros((1, rows), dtype=torch.long, device=cache.keys.device) if tokens is None else tokens
+            entry = self._capture(model, cache, window, slot, start)
+        return entry
+
+    def replay(self, model: Model, entry: _Graph, end: int) -> torch.Tensor:
+        """Replay `entry` (its inputs set), counting what it runs; the cache holds positions up to `end` after it."""
         entry.graph.replay()
-        cache.length = start + rows
+        model.cache.length = end
         self.runner.counters.update(entry.inside)  # what this replay ran
         self.runner.counters[self.lever] += 1
         return entry.logits
@@ -77,10 +95,7 @@ class GraphedStep:
         depends on where the controller verifies, which differs from run to run, and a capture must not land inside
         a timed sample (on the H200 this did not remove the slow speculative runs: README, round 8). Captures write
         cache slots from `start` on, past the text so far: every later step writes a slot before anything reads it."""
-        cache = model.cache
-        if cache is not self.cache:
-            self.graphs.clear()
-            self.cache, self.pool = cache, None
+        cache = self.attach(model.cache)
         step = self.window_step or cache.max_len
         for count in rows:
             last = min(end - 1 + count, cache.max_len)
@@ -91,8 +106,7 @@ class GraphedStep:
                 if (window, count) in self.graphs or position + count > cache.max_len \
                         or self.window(cache, position + count) != window:
                     continue
-                self._capture(model, cache, window, torch.zeros((1, count), dtype=torch.long, device=cache.keys.device),
-                              position)
+                self.entry(model, count, position + count, None, position)
 
     def _capture(self, model: Model, cache: StaticKVCache, window: int, tokens: torch.Tensor, start: int) -> _Graph:
         # Warm-up and capture write slots start… with these very tokens, exactly what the replay writes next.
@@ -130,9 +144,13 @@ def _capturable_attention():  # noqa: ANN202 - a context manager
 
 def graphs(runner: Runner, value: str | None = None, capture_fn: Capture = capture) -> None:
     """dispatch: the decode step (and a speculative verify) captured in CUDA graphs (static cache, one graph
-    per window bucket and row count)."""
+    per window bucket and row count); verifies may also run resident (their draft and acceptance in the graph:
+    backends/torch/resident.py)."""
+    from kerneltriage.backends.torch.resident import ResidentVerify
+
     runner.cache_type = StaticKVCache
     window = None if isinstance(runner.decode_step, CompiledStep) else GRAPH_WINDOW
+    runner.resident_verify = ResidentVerify(runner, runner.verify_step, window, capture_fn)
     runner.decode_step = GraphedStep(runner, runner.decode_step, window, capture_fn)
     runner.verify_step = GraphedStep(runner, runner.verify_step, window, capture_fn)
 

@@ -80,6 +80,10 @@ class TorchSampler:
             self.processors.append(repetition_penalty(params.repetition_penalty))
         self.history = torch.tensor(prompt, dtype=torch.long, device=device)  # (N,)
 
+    @property
+    def argmax_only(self) -> bool:
+        return self.params.greedy and not self.processors
+
     def process(self, tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         for processor in self.processors:
             logits = processor(tokens, logits)
@@ -96,7 +100,7 @@ class TorchSampler:
     def accept(self, logits: torch.Tensor, draft: Draft) -> list[int]:
         """Exact acceptance of `draft` over verify logits (k+1, V): row i is processed with the history and the
         first i drafts, as plain decoding would have processed it had it emitted them."""
-        if self.params.greedy and not self.processors:  # the common case: the drafts compared on the host, one sync
+        if self.argmax_only:  # the common case: the drafts compared on the host, one sync
             return greedy_accept(logits, draft.tokens)
         drafts = torch.as_tensor(draft.tokens, dtype=torch.long, device=logits.device)  # (k,)
         if self.processors:

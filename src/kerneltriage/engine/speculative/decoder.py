@@ -22,6 +22,7 @@ from kerneltriage.engine.speculative.config import (AUTO_MAX_DEPTH, PADDED_MAX_D
                                                     padded_rows)
 from kerneltriage.engine.speculative.controller import DepthController
 from kerneltriage.engine.speculative.draft import Drafter
+from kerneltriage.engine.speculative.resident import resident_run
 from kerneltriage.engine.speculative.shadow import Shadow
 from kerneltriage.engine.speculative.stats import SpecStats
 
@@ -36,8 +37,9 @@ class SpeculativeDecoder:
     """A drop-in token loop. After a run, `stats` and `controller.decisions` describe it; `total` adds up every
     run since `reset_total` (what an A/B's timed runs did)."""
 
-    def __init__(self, speculation: Speculation, drafter: Drafter) -> None:
-        self.speculation, self.drafter = speculation, drafter
+    def __init__(self, speculation: Speculation, drafter: Drafter, queue_ahead: bool = False) -> None:
+        """`queue_ahead` (`one_sync`): verifies run resident where the runner and the sampler allow (resident.py)."""
+        self.speculation, self.drafter, self.queue_ahead = speculation, drafter, queue_ahead
         self.stats = SpecStats(speculation.source_text)
         self.controller = DepthController(speculation.depth)
         self.shadow = Shadow()
@@ -83,8 +85,10 @@ class SpeculativeDecoder:
             self.controller.carry_over(earlier)
         self.measured = runner
         self.drafter.reset(runner, start + count)
+        resident = self._resident(runner, sampler)
         if runner.pads_verify:  # every graph this run may replay captured now, not inside the run
-            runner.prepare_steps(start, start + count, self.shapes(runner))
+            runner.prepare_steps(start, start + count, self.shapes(runner),
+                                 self.speculation.lookback if resident else 0)
         if self.shadows:  # a lookup indexes the prompt while the device runs the prefill
             self.drafter.catch_up(list(sampler.prompt))
         self.shadow.clear()
@@ -92,6 +96,11 @@ class SpeculativeDecoder:
         yield context[-1]
         try:
             while len(context) < start + count:
+                if resident:  # verifies queued ahead on the device while the drafter has something to draft
+                    rows = self.resident_rows(runner, context, start + count, sampler)
+                    yield from (resident_run(self, runner, context, start + count, rows, sampler) if rows
+                                else self._plain_run(runner, context, start + count, sampler))
+                    continue
                 k = self._depth(runner, context, start + count)
                 emitted = self.step(runner, context, k, sampler) if k else None
                 if emitted is None:  # drafting off, or nothing to draft: plain steps until there is
@@ -103,6 +112,26 @@ class SpeculativeDecoder:
         finally:  # a stop string closes the loop early: what ran still counts
             self._settle()
             self.total.merge(self.stats)
+
+    def _resident(self, runner: "Steps", sampler: "Sampler") -> bool:
+        """Verifies run resident: asked for (`one_sync`), a runner that can, a lookup drafter (the device drafts as
+        it does) drafting one sequence, and greedy sampling of the raw logits (the device accepts by argmax)."""
+        return (self.queue_ahead and runner.resident and self.shadows and not self.speculation.tree
+                and sampler.argmax_only)
+
+    def resident_rows(self, runner: "Steps", context: list[int], end: int, sampler: "Sampler") -> int:
+        """The rows of the next resident verify after `context`, 0 for none: the controller's depth, and the host
+        drafter's call on whether to draft there and how far (its draft's padded shape; the device drafts its own)."""
+        k = self._depth(runner, context, end)
+        draft = self.drafter.draft(context, k, sampler) if k else None
+        return self.rows(runner, draft.size) if draft is not None else 0
+
+    def record_verify(self, runner: "Steps", rows: int, accepted: int, seconds: float) -> None:
+        """A resident verify of `rows` rows (rows - 1 drafted on the device) kept `accepted` drafts in `seconds`."""
+        self.stats.record_verify(rows - 1, accepted, 0.0, seconds)
+        self.controller.observe_verify(rows - 1, accepted, 0.0, seconds, rows)
+        runner.counters[SPEC_COUNTER] += 1
+        self.shadow.clear()  # a verify measured acceptance itself
 
     def _depth(self, runner: "Steps", context: list[int], end: int) -> int:
         """The next step's k: the controller's, no more than fit before `end`, 0 where a padded verify would pass

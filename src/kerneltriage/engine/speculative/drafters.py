@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.checkpoint import Checkpoint
+from kerneltriage.engine.decoding import ONE_SYNC
 from kerneltriage.engine.speculative.config import Speculation, check_same_vocabulary
 from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
 from kerneltriage.engine.speculative.draft import Draft, Drafter
@@ -73,8 +74,9 @@ def build_drafter(speculation: Speculation, runner: Any, self_drafter: Callable[
 
 
 def install(runner: Any, speculation: Speculation, drafter: Drafter, slack: int = 0) -> SpeculativeDecoder:
-    """The decoder as `runner`'s token loop, with cache room past the end for the deepest verify (or `slack`)."""
-    decoder = SpeculativeDecoder(speculation, drafter)
+    """The decoder as `runner`'s token loop, with cache room past the end for the deepest verify (or `slack`);
+    with `one_sync` its verifies are queued ahead where they can run resident (resident.py)."""
+    decoder = SpeculativeDecoder(speculation, drafter, queue_ahead=runner.run_config.has(ONE_SYNC))
     runner.cache_slack = max(runner.cache_slack, decoder.deepest(runner), slack)
     runner.token_loop = decoder
     runner.speculation = decoder

@@ -1,0 +1,90 @@
+"""Speculation's drafting and greedy acceptance on the device: verify steps that need no host between them.
+
+The text (prompt + emitted tokens) lives in a device buffer `history` with its length in a device scalar. Around
+each graphed verify of ROWS rows:
+
+- `draft` (before it): the longest suffix of the text, up to LOOKBACK tokens, that occurred earlier, at its
+  latest occurrence (ties go to the later end) — prompt lookup and longest-match lookup, as the host's `ngram`
+  and `suffix` drafters find it (their index over the whole text, ours a scan of it: O(length · LOOKBACK) loads;
+  8.2 µs on the H200 for a ~300-token text, spec-profile-repetitive-h200-resident.json). The verify's tokens are
+  the text's last token and the ROWS - 1 tokens that
+  followed that occurrence; a source that runs into the end of the text repeats with period last - end (the LZ77
+  copy of `suffix.copy_from`). Where nothing recurs the draft is the last token repeated: the verify then emits one
+  token, as a plain step would. Writes the verify's position (last) for the forward to read.
+- `accept` (after it, on the rows' argmaxes): greedy acceptance — the drafts kept while each equals the argmax of
+  the row before it, then that argmax: exactly plain greedy decoding's tokens (`acceptance.greedy_accept`).
+  Appends every row's argmax to the text (those past the accepted ones lie beyond the new length: never read) and
+  moves the length on; `out` = [tokens emitted, matched length, the ROWS argmaxes] for the host to read later.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 1024  # candidate match ends scanned per round
+MATCH_SHIFT = tl.constexpr(32)  # a candidate's score: (matched length << 32) + its end; its max is the longest, latest
+
+
+@triton.jit
+def _draft(history, length_ptr, tokens, position_ptr, matched_ptr, ROWS: tl.constexpr, ROWS_P2: tl.constexpr,
+           LOOKBACK: tl.constexpr, BLOCK: tl.constexpr):
+    last = (tl.load(length_ptr) - 1).to(tl.int32)  # the text's last token: its suffix is matched
+    lanes = tl.arange(0, BLOCK)
+    best = tl.full((BLOCK,), -1, tl.int64)
+    start = 0
+    while start < last:  # (a while: the text's length is read on the device)
+        end = start + lanes  # candidate: an earlier occurrence of the suffix ending here (end < last)
+        run = end < last
+        matched = tl.zeros((BLOCK,), tl.int64)
+        for i in tl.static_range(LOOKBACK):  # run: the last i tokens before `end` equal the suffix's
+            # (loads independent of `run`: all LOOKBACK of them in flight at once, not one after another)
+            here = tl.load(history + end - i, mask=(end >= i) & (end < last), other=-1)
+            run = run & (end >= i) & (here == tl.load(history + tl.maximum(last - i, 0)))
+            matched += run.to(tl.int64)
+        score = tl.where(end < last, (matched << MATCH_SHIFT) + end, -1)
+        best = tl.maximum(best, score)
+        start += BLOCK
+    top = tl.max(best, axis=0)
+    source = tl.where(top >= 0, top & 0xFFFFFFFF, last - 1).to(tl.int32)  # (nothing before: the last token)
+    period = tl.maximum(last - source, 1)
+    rows = tl.arange(0, ROWS_P2)
+    index = tl.where(rows == 0, last, source + 1 + (rows - 1) % period)
+    tl.store(tokens + rows, tl.load(history + index, mask=rows < ROWS), mask=rows < ROWS)
+    tl.store(position_ptr, last.to(tl.int64))
+    tl.store(matched_ptr, tl.maximum(top, 0) >> MATCH_SHIFT)
+
+
+@triton.jit
+def _accept(history, length_ptr, best_ptr, tokens, matched_ptr, out, ROWS: tl.constexpr, ROWS_P2: tl.constexpr):
+    rows = tl.arange(0, ROWS_P2)
+    best = tl.load(best_ptr + rows, mask=rows < ROWS, other=-1)
+    drafted = tl.load(tokens + rows + 1, mask=rows + 1 < ROWS, other=-1)  # the draft row r's argmax is checked against
+    miss = (rows + 1 >= ROWS) | (best != drafted)
+    emitted = tl.min(tl.where(miss, rows, ROWS_P2), axis=0) + 1  # rows up to the first miss, its argmax included
+    length = tl.load(length_ptr)
+    tl.store(history + length + rows, best, mask=rows < ROWS)
+    tl.store(out + 2 + rows, best, mask=rows < ROWS)
+    tl.store(out, emitted.to(tl.int64))
+    tl.store(out + 1, tl.load(matched_ptr))
+    tl.store(length_ptr, length + emitted)  # one warp (num_warps=1): every lane read the length before this
+
+
+def draft(history: torch.Tensor, length: torch.Tensor, tokens: torch.Tensor, position: torch.Tensor,
+          matched: torch.Tensor, lookback: int) -> None:
+    """The verify's tokens (1, ROWS) from the text: its last token, then what followed the longest earlier match
+    of its suffix (≤ `lookback` tokens); `position` ← where the last token goes, `matched` ← the match's length.
+    history (S,) long with room for ROWS more; length, position, matched () long."""
+    rows = tokens.shape[-1]
+    _draft[(1,)](history, length, tokens, position, matched, ROWS=rows, ROWS_P2=triton.next_power_of_2(rows),
+                 LOOKBACK=lookback, BLOCK=BLOCK, num_warps=4)
+
+
+def accept(history: torch.Tensor, length: torch.Tensor, best: torch.Tensor, tokens: torch.Tensor,
+           matched: torch.Tensor, out: torch.Tensor) -> None:
+    """Greedy acceptance of the verify of `tokens` (1, ROWS) whose rows' argmaxes are `best` (ROWS,): the emitted
+    tokens appended to the text; out (ROWS + 2,) ← [emitted, matched, best…]."""
+    rows = tokens.shape[-1]
+    _accept[(1,)](history, length, best, tokens, matched, out, ROWS=rows, ROWS_P2=triton.next_power_of_2(rows),
+                  num_warps=1)
