@@ -36,6 +36,7 @@ from kerneltriage.engine.sampling import SamplingParams
 from kerneltriage.engine.speculative.config import VERIFY_BUCKETS, parse_speculation
 from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
 from kerneltriage.engine.speculative.lookup import lookup_drafter
+from kerneltriage.engine.speculative.ngram import NgramIndex
 
 PROMPTS = Path(__file__).parent / "prompts"
 SETS = ("copy_heavy", "repetitive", "summarize", "open_ended")
@@ -50,20 +51,51 @@ class _Read:
         return self.value
 
 
+class _Queued:
+    """A resident step's tokens; reading them advances the clock by the step's price (steps run back to back)."""
+
+    def __init__(self, target: "ReplayTarget", emitted: list[int], cost: float) -> None:
+        self.target, self.emitted, self.cost = target, emitted, cost
+
+    def result(self) -> tuple[list[int], int]:
+        self.target.now, self.cost = self.target.now + self.cost, 0.0
+        self.target.in_flight -= 1
+        return self.emitted, 0
+
+
 class ReplayTarget:
     """The steps a speculative decoder drives, over recorded greedy text: after the true text so far plus any
     tokens, the target's choice is the text's next token when those tokens are the text's too (else token 0), as
-    one-hot logits; a decode advances the clock by 1, a verify by its rows' price (`costs`; `flat` for all)."""
+    one-hot logits; a decode advances the clock by 1, a verify by its rows' price (`costs`; `flat` for all). With
+    `resident` costs, verifies run resident (as `one_sync` runs them on a graphed runner): each drafts as the device
+    does (the latest longest match of up to `lookback` tokens: NgramIndex's rule) and costs its rows' price there; one
+    queued with none in flight first costs `gap` (the device waited for the host to decide it)."""
 
     cache_capacity = 1 << 30
 
-    def __init__(self, costs: dict[int, float], padded: bool, vocab: int) -> None:
+    def __init__(self, costs: dict[int, float], padded: bool, vocab: int,
+                 resident: dict[int, float] | None = None, gap: float = 0.0) -> None:
         self.costs, self.pads_verify, self.vocab = costs, padded, vocab
+        self.resident_costs, self.resident, self.gap = resident, resident is not None, gap
         self.counters: Counter = Counter()
-        self.now, self.text = 0.0, []
+        self.now, self.text, self.device, self.lookback, self.in_flight = 0.0, [], [], 0, 0
 
-    def prepare_steps(self, start: int, end: int, rows: list[int]) -> None:
+    def prepare_steps(self, start: int, end: int, rows: list[int], lookback: int = 0) -> None:
         """Nothing to capture: the replay's steps cost their price whenever they run."""
+
+    def begin_resident(self, context: list[int], lookback: int) -> None:
+        self.device, self.lookback = list(context), lookback
+
+    def queue_verify(self, rows: int, reach: int) -> _Queued:
+        index = NgramIndex(self.lookback)
+        index.extend(self.device)
+        drafts = index.propose(rows - 1) or self.device[-1:] * (rows - 1)
+        choices = self._rows(len(self.device) - 1, [self.device[-1], *drafts]).argmax(-1).tolist()
+        kept = next((i for i, (best, draft) in enumerate(zip(choices, drafts)) if best != draft), len(drafts))
+        self.device += choices[:kept + 1]
+        self.now += self.gap if not self.in_flight else 0.0
+        self.in_flight += 1
+        return _Queued(self, choices[:kept + 1], self.resident_costs[rows])
 
     def start(self, prompt: list[int], continuation: list[int]) -> torch.Tensor:
         """A new prompt: the prefill's logits (its token is the continuation's first)."""
@@ -75,7 +107,7 @@ class ReplayTarget:
         rows = torch.zeros(len(tokens), self.vocab)
         for i in range(len(tokens)):
             at = start + i + 1
-            if tokens[i] != self.text[at - 1] or at >= len(self.text):
+            if at >= len(self.text) or tokens[i] != self.text[at - 1]:
                 break  # the tokens left the text: token 0 from here on
             rows[i, self.text[at]] = 1.0
         rows[(rows.sum(-1) == 0), 0] = 1.0
@@ -99,14 +131,16 @@ class ReplayTarget:
         return self.now
 
 
-def replay(source: str, depth: str | None, texts: list[list[list[int]]], costs: dict, padded: bool
-           ) -> dict[str, object]:
+def replay(source: str, depth: str | None, texts: list[list[list[int]]], costs: dict, padded: bool,
+           resident: dict[int, float] | None = None, gap: float = 0.0) -> dict[str, object]:
     """The decoder's run over each recorded (prompt, continuation) in turn on one target: its stats and the
-    modelled speed-up (tokens after the first / the virtual time, in plain steps)."""
+    modelled speed-up (tokens after the first / the virtual time, in plain steps); with `resident` costs, its
+    verifies resident (queued ahead, drafted and accepted on the device), `gap` the device's wait for one queued
+    with none in flight."""
     speculation = parse_speculation(source, depth)
-    decoder = SpeculativeDecoder(speculation, lookup_drafter(speculation))
+    decoder = SpeculativeDecoder(speculation, lookup_drafter(speculation), queue_ahead=resident is not None)
     vocab = 1 + max(max(p + t) for p, t in texts)
-    target = ReplayTarget(costs, padded, vocab)
+    target = ReplayTarget(costs, padded, vocab, resident, gap)
     decoder.host_clock = target.clock
     tokens, elapsed = 0, 0.0
     for prompt, continuation in texts:
@@ -177,6 +211,11 @@ def main() -> None:
                         f"shape, ROWS:COST,… (default {DEFAULT_COSTS})")
     parser.add_argument("--other-shapes", action="store_true", help="pad verifies to --verify-costs' shapes "
                         f"instead of the decoder's ({','.join(map(str, VERIFY_BUCKETS))}): a what-if")
+    parser.add_argument("--resident", default=None, metavar="COSTS", help="verifies resident on the device (one_sync "
+                        "under graphs: queued ahead, drafted and accepted there), each padded shape priced at "
+                        "ROWS:COST,… plain steps (the device's verify alone: e.g. 16:1.27,32:1.64)")
+    parser.add_argument("--host-gap", type=float, default=0.0, help="with --resident: plain steps the device waits "
+                        "for the host to queue a verify when none is in flight (default 0)")
     parser.add_argument("--eager", action="store_true", help="verifies of k + 1 rows (no graphs): a draft's length "
                         "costs rows (the drafters' length rules apply), each verify priced at --verify-cost")
     parser.add_argument("--verify-cost", type=float, default=1.9, help="with --eager: a verify step in plain steps")
@@ -189,6 +228,13 @@ def main() -> None:
         parser.error(f"--verify-costs {args.verify_costs}: {exc} is not ROWS:COST for each of the {shapes}")
     if args.other_shapes and not args.eager:
         pad_to(tuple(sorted(costs)))
+    try:
+        resident = parse_costs(args.resident) if args.resident else None
+    except ValueError as exc:
+        parser.error(f"--resident {args.resident}: {exc} is not ROWS:COST for each of the padded shapes "
+                     f"{','.join(map(str, VERIFY_BUCKETS))}")
+    if resident and args.eager:
+        parser.error("--resident with --eager: resident verifies are graphed (padded); drop one")
     sets = args.sets.split(",")
     unknown = [name for name in sets if not (PROMPTS / f"{name}.jsonl").is_file()]
     if unknown:
@@ -203,13 +249,13 @@ def main() -> None:
             parser.error(f"--sources {source}: not a lookup source; expected ngram[:N] or suffix[:N]")
     texts = load_texts(parser, args, sets)
     result = {"benchmark": "draft-replay", "model": args.model, "depth": args.depth or "auto", "verify_costs": costs,
-              "other_shapes": args.other_shapes,
+              "resident_costs": resident, "host_gap": args.host_gap, "other_shapes": args.other_shapes,
               "padded": not args.eager, "texts": {name: len(texts[name]) for name in sets}, "sets": {},
               "environment": capture_environment()}
     for name in sets:
         for source in args.sources.split(","):
             found = result["sets"].setdefault(name, {})[source] = replay(source, args.depth, texts[name], costs,
-                                                                        not args.eager)
+                                                                        not args.eager, resident, args.host_gap)
             print(f"{name:11s} {source:14s} plain {found['plain_steps']:4d} verify {found['verify_steps']:4d} "
                   f"tok/verify {found['tokens_per_verify']:.2f} modelled {found['modelled_speedup']:.2f}x  "
                   f"{found['acceptance_by_position'][:4]}", flush=True)

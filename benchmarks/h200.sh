@@ -21,6 +21,12 @@
 #   spec            suffix speculation vs the fused set on the four prompt sets and the held-out one (needs the model)
 #   spec-shapes     ab of suffix:15 (one 16-row verify shape) against suffix (16 and 32 rows) on two sets
 #   spec-gpu-tests  tests/test_gpu.py's speculation tests (graphed verifies, both padded shapes; needs the model)
+#   host-pace       the host's pace round by round in one process, by default, pinned to a core, without the GC
+#   resident-tests  resident verifies' tests on the GPU (tiny models; the real model's with both parts)
+#   resident-profile  spec_profile.py with one_sync (resident verifies) on repetitive and open_ended
+#   resident-ab     host-fed against resident verifies (the fused set without and with one_sync) on two sets
+#   resident        the fused set against it + spec=suffix (resident verifies), every prompt set; resident-float32
+#                   the same in float32 on two sets (tokens identical)
 #   spec-float32    suffix speculation in float32 on repetitive and copy_heavy (exactness: identical tokens)
 #   ngram           n-gram lookup speculation on open_ended, repetitive, copy_heavy
 #                   (spec, spec-float32, ngram and spec-profile name their files with $TAG, default "fused")
@@ -133,6 +139,40 @@ case "$1" in
         > "$OUT/spec-$set-h200-shapes.json"
     done ;;
   spec-gpu-tests) step 300 python3 -m pytest -q tests/test_gpu.py -k speculation > "$OUT/gpu-spec-h200.txt" 2>&1 ;;
+  host-pace)  # is the host's pace drift the process's or the machine's (host_pace_probe.py; no model): each variant
+    # in its own process, alternately
+    for n in 1 2; do for v in default pin no-gc; do
+      flag=(); [ $v != default ] && flag=(--$v)
+      step 60 python3 benchmarks/host_pace_probe.py "${flag[@]}" --out "$OUT/host-pace-$v-$n.json" > /dev/null
+    done; done ;;
+  resident-tests)  # resident verifies: the draft and acceptance kernels compiled, tiny models in captured graphs
+    # (no model needed), then the real model's greedy tokens through them (needs the model)
+    step 200 python3 -m pytest -q tests/test_spec_resident.py > "$OUT/gpu-resident-h200.txt" 2>&1
+    [ -f "$KERNELTRIAGE_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf" ] && \
+      step 300 python3 -m pytest -q tests/test_gpu.py -k resident >> "$OUT/gpu-resident-h200.txt" 2>&1 ;;
+  resident-profile)  # where a resident speculative step's time goes, beside the host-fed one (the same levers)
+    for set in repetitive open_ended; do
+      step 150 python3 benchmarks/spec_profile.py --config "levers=${FUSED/,prefill_graphs/};spec=suffix" --set $set \
+        --out "$OUT/spec-profile-$set-h200-resident.json" > /dev/null
+    done ;;
+  resident-ab)  # the change itself: host-fed verifies (the decoder's own loop) against resident ones (+ one_sync)
+    for set in repetitive copy_heavy; do
+      step 150 "${kt[@]}" ab --a "levers=${FUSED%,one_sync};spec=suffix" --b "levers=$FUSED;spec=suffix" \
+        --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r 5 --output json --ledger "$L" \
+        > "$OUT/spec-$set-h200-resident-vs-host${TAG:+-$TAG}.json"
+    done ;;
+  resident)  # issue 14's table with resident verifies: the best plain set, and the same set + spec=suffix
+    for set in ${SETS:-repetitive copy_heavy copy_heavy_holdout summarize open_ended}; do
+      step 150 "${kt[@]}" ab --a "levers=$FUSED" --b "levers=$FUSED;spec=suffix" \
+        --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r 5 --output json --ledger "$L" \
+        > "$OUT/spec-$set-h200-suffix-resident${TAG:+-$TAG}.json"
+    done ;;
+  resident-float32)  # exactness: resident in float32, tokens identical to plain decoding's
+    for set in repetitive copy_heavy; do
+      step 150 "${kt[@]}" ab --dtype float32 --a "levers=$FUSED" --b "levers=$FUSED;spec=suffix" \
+        --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r 5 --output json --ledger "$L" \
+        > "$OUT/spec-$set-h200-suffix-resident-float32.json"
+    done ;;
   spec-float32)  # issue 14's exactness: suffix in float32 (tokens identical to plain decode's) on two sets
     for set in repetitive copy_heavy; do
       step 150 "${kt[@]}" ab --dtype float32 --a "levers=$FUSED" --b "levers=${FUSED%,one_sync};spec=suffix" \
@@ -190,10 +230,10 @@ case "$1" in
       "${llama[@]}" -p 512 -n 128 -d 0,2048 -r 5 --output json --ledger "$L" > "$OUT/bench-default-h200-mlx.json"
     step 240 "${kt[@]}" triage --backend mlx --device cuda --dtype float16 --output json \
       --html "$OUT/triage-default-h200-mlx.html" --ledger "$L" > "$OUT/triage-default-h200-mlx.json" ;;
-  *) echo "usage: bash benchmarks/h200.sh STEP... (steps: smoke 8b 8b-table 8b-triaged 8b-triage default default-table default-triaged default-triage gpu-tests fused-tests verify-tiles probe wait-build distill-train llamacpp-build llamacpp prefill-graphs spec-profile quantized kernels spec spec-shapes spec-gpu-tests spec-float32 ngram distill sources mlx-tf32 mlx)" >&2
+  *) echo "usage: bash benchmarks/h200.sh STEP... (steps: smoke 8b 8b-table 8b-triaged 8b-triage default default-table default-triaged default-triage gpu-tests fused-tests verify-tiles probe wait-build distill-train llamacpp-build llamacpp prefill-graphs spec-profile quantized kernels spec spec-shapes spec-gpu-tests spec-float32 host-pace resident-tests resident-profile resident-ab resident resident-float32 ngram distill sources mlx-tf32 mlx)" >&2
      exit 2 ;;
 esac
 }
 [ $# -gt 0 ] || run_step usage
 for name in "$@"; do run_step "$name"; done
-[ -n "${NO_TAR:-}" ] || tar czf "$OUT/0-$(IFS=-; echo "$*").tgz" -C "$OUT" $(cd "$OUT" && ls -d ab-* bench-* triage-* spec-* fused-* mlx-* kernel-* gpu-* distill-* verify-* ledger-h200.db 2>/dev/null) 2>/dev/null
+[ -n "${NO_TAR:-}" ] || tar czf "$OUT/0-$(IFS=-; echo "$*").tgz" -C "$OUT" $(cd "$OUT" && ls -d ab-* bench-* triage-* spec-* fused-* host-* mlx-* kernel-* gpu-* distill-* verify-* ledger-h200.db 2>/dev/null) 2>/dev/null

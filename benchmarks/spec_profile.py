@@ -9,7 +9,7 @@ for the device lands here), `trim_cache`, the decoder's synced `clock` reads (a 
 2026-12-01's fourth session), plain `decode` calls, and graph captures during the timed runs (should be 0).
 Alone, at one position (--iters each), for each padded verify shape: a plain step and a verify queued back to back
 (device-bound: the device's time per call), and verify + accept + trim one after another (what one verify step costs
-the loop).
+the loop); with `one_sync` in the config, a resident verify (drafted and accepted on the device) queued back to back.
 """
 
 from __future__ import annotations
@@ -86,7 +86,28 @@ def alone(runner, iters: int, position: int, rows: int) -> dict[str, float]:  # 
         if runner.device_type == "cuda":  # the device's kernels per call, graph replays included
             result["kernels_plain"] = kernels(runner, lambda: runner.decode(token, position))
             result["kernels_verify"] = kernels(runner, lambda: runner.verify(token, drafts, position, rows))
+        if runner.resident and runner.speculation.queue_ahead:
+            result |= resident(runner, iters, position, rows, queued)
     return result
+
+
+def resident(runner, iters: int, position: int, rows: int, queued) -> dict:  # noqa: ANN001
+    """µs per resident verify (draft, verify, argmax, accept on the device) queued back to back from `position`:
+    each call puts the device's text back at position + 1 tokens (an upload and a fill) and queues as many steps as
+    the cache holds beyond it, reading the last; and its kernels."""
+    text = [(7 * i) % 50 for i in range(position + 1)]  # repeats: drafts copy, as on copied text
+    lookback = runner.speculation.speculation.lookback
+    steps = max(1, (runner.cache_capacity - position) // rows)
+
+    def chunk() -> None:
+        runner.begin_resident(text, lookback)  # the text put back (the steps appended to it)
+        results = [runner.queue_verify(rows, position + (i + 1) * rows) for i in range(steps)]
+        results[-1].result()
+
+    found = {"resident_queued_us": queued(chunk) / steps, "resident_steps_per_call": steps}
+    found["kernels_resident"] = [{key: value / steps if isinstance(value, float) else value
+                                  for key, value in entry.items()} for entry in kernels(runner, chunk)]
+    return found
 
 
 def kernels(runner, call, calls: int = 20, top: int = 12) -> list[dict]:  # noqa: ANN001
@@ -122,7 +143,7 @@ def main() -> None:
     prompts = load_prompt_set(PROMPTS / f"{args.set}.jsonl", checkpoint.tokenizer).prompts[: args.per_set]
     runner = backend.build(checkpoint, RunConfig.parse(args.config, "--config"), device, dtype)
     decoder, timed = runner.speculation, Timed()
-    for name in ("verify", "trim_cache", "clock", "decode"):
+    for name in ("verify", "trim_cache", "clock", "decode", "queue_verify", "begin_resident"):
         timed.wrap(runner, name)
     timed.wrap(decoder.drafter, "draft")
     make_sampler = runner.sampler
@@ -134,7 +155,7 @@ def main() -> None:
 
     runner.sampler = sampler
     captures = defaultdict(int)
-    for step_name in ("decode_step", "verify_step", "prefill_step"):
+    for step_name in ("decode_step", "verify_step", "prefill_step", "resident_verify"):
         graphed = getattr(runner, step_name)
         if hasattr(graphed, "_capture"):
             inner = graphed._capture
