@@ -87,11 +87,11 @@ def alone(runner, iters: int, position: int, rows: int) -> dict[str, float]:  # 
             result["kernels_plain"] = kernels(runner, lambda: runner.decode(token, position))
             result["kernels_verify"] = kernels(runner, lambda: runner.verify(token, drafts, position, rows))
         if runner.resident and runner.speculation.queue_ahead:
-            result |= resident(runner, iters, position, rows, queued)
+            result |= resident(runner, position, rows, queued)
     return result
 
 
-def resident(runner, iters: int, position: int, rows: int, queued) -> dict:  # noqa: ANN001
+def resident(runner, position: int, rows: int, queued) -> dict:  # noqa: ANN001
     """µs per resident verify (draft, verify, argmax, accept on the device) queued back to back from `position`:
     each call puts the device's text back at position + 1 tokens (an upload and a fill) and queues as many steps as
     the cache holds beyond it, reading the last; and its kernels."""

@@ -155,3 +155,19 @@ def test_verifies_stay_host_fed_where_the_device_cannot_decide(expected: list[in
     out = list(generate_step(runner, PROMPT, params, NEW))
     assert runner.counters[ONE_SYNC] == 0 and runner.counters[SPEC_COUNTER] > 0
     assert out == expected or case == "sampled"
+
+
+def test_a_capture_at_the_caches_end_runs_every_warm_up_from_the_same_text_end(expected: list[int]) -> None:
+    """A capture's warm-ups run the step (on the CPU two, then the captured run): each drafts and writes the cache
+    from the text end the capture starts at, as the replays will — not from the last one's accepted tokens, which
+    near the cache's end would write past it (an index error here, memory not ours under fused_layer on the GPU).
+    The text and its length are the run's again after the capture: its replay emits plain greedy tokens."""
+    runner, _ = resident_runner()
+    runner.reset_cache(len(PROMPT) + 20)
+    capacity = runner.cache_capacity
+    runner.prefill(PROMPT, 0)
+    text = PROMPT + expected[:1]
+    runner.begin_resident(text, 32)
+    emitted, _ = runner.queue_verify(16, capacity).result()  # captured at capacity - 16: warm-ups end at the end
+    assert emitted and emitted == expected[1:1 + len(emitted)]
+    assert int(runner.resident_verify.length) == len(text) + len(emitted)

@@ -9,8 +9,8 @@ each graphed verify of ROWS rows:
   8.2 µs on the H200 for a ~300-token text, spec-profile-repetitive-h200-resident.json). The verify's tokens are
   the text's last token and the ROWS - 1 tokens that
   followed that occurrence; a source that runs into the end of the text repeats with period last - end (the LZ77
-  copy of `suffix.copy_from`). Where nothing recurs the draft is the last token repeated: the verify then emits one
-  token, as a plain step would. Writes the verify's position (last) for the forward to read.
+  copy of `suffix.copy_from`). Where nothing recurs the draft is the last token repeated: the verify then emits (at
+  least) one token, as a plain step would. Writes the verify's position (last) for the forward to read.
 - `accept` (after it, on the rows' argmaxes): greedy acceptance — the drafts kept while each equals the argmax of
   the row before it, then that argmax: exactly plain greedy decoding's tokens (`acceptance.greedy_accept`).
   Appends every row's argmax to the text (those past the accepted ones lie beyond the new length: never read) and
@@ -68,7 +68,8 @@ def _accept(history, length_ptr, best_ptr, tokens, matched_ptr, out, ROWS: tl.co
     tl.store(out + 2 + rows, best, mask=rows < ROWS)
     tl.store(out, emitted.to(tl.int64))
     tl.store(out + 1, tl.load(matched_ptr))
-    tl.store(length_ptr, length + emitted)  # one warp (num_warps=1): every lane read the length before this
+    tl.debug_barrier()  # every lane has read the length before it moves on
+    tl.store(length_ptr, length + emitted)
 
 
 def draft(history: torch.Tensor, length: torch.Tensor, tokens: torch.Tensor, position: torch.Tensor,

@@ -20,13 +20,14 @@ import torch
 from kerneltriage.backends.torch.accelerate import GraphedStep
 from kerneltriage.backends.torch.cache import StaticKVCache
 from kerneltriage.backends.torch.models import Model
+from kerneltriage.engine.speculative.config import VERIFY_BUCKETS
 
 if TYPE_CHECKING:
     from kerneltriage.backends.torch.accelerate import Capture, _Graph
     from kerneltriage.backends.torch.runner import Runner, RowsFn
 
 RESULT_SLOTS = 4  # pinned host buffers for results in flight (the loop reads one while at most two are queued)
-MAX_ROWS = 32  # rows of the largest verify shape (config.VERIFY_BUCKETS): the text buffer's room past its end
+MAX_ROWS = VERIFY_BUCKETS[-1]  # the largest verify's rows: the text buffer's room past its end, a result's size
 
 
 class Result:
@@ -60,7 +61,10 @@ class ResidentVerify(GraphedStep):
         super().__init__(runner, self._step, window_step, capture_fn)
         self.verify = verify
         self.lookback = 0
-        self.history = self.length = self.matched = None
+        self.history: torch.Tensor | None = None  # (S,) the text, with room for a verify's rows past its end
+        self.length: torch.Tensor | None = None  # () its length
+        self.matched: torch.Tensor | None = None  # () the last draft's match
+        self.capturing: int | None = None  # while a graph is captured: the text's length each warm-up starts from
         self._host: list[tuple[torch.Tensor, torch.cuda.Event]] = []
 
     def attach(self, cache: StaticKVCache) -> StaticKVCache:
@@ -96,6 +100,8 @@ class ResidentVerify(GraphedStep):
         """What each replay runs: slot (1, rows) is the graph's own token buffer; out (rows + 2,) its result."""
         from kerneltriage.kernels import lookup_draft
 
+        if self.capturing is not None and not (slot.is_cuda and torch.cuda.is_current_stream_capturing()):
+            self.length.fill_(self.capturing)  # a warm-up: each from the same text end, as the capture (not recorded)
         lookup_draft.draft(self.history, self.length, slot, model.cache.position, self.matched, self.lookback)
         best = self.verify(model, slot, start).argmax(dim=-1)  # (rows,) the target's token after each row
         out = torch.empty(slot.shape[1] + 2, dtype=torch.long, device=slot.device)
@@ -103,13 +109,14 @@ class ResidentVerify(GraphedStep):
         return out
 
     def _capture(self, model: Model, cache: StaticKVCache, window: int, tokens: torch.Tensor, start: int) -> "_Graph":
-        """Capture with the device's text ending at `start` (its warm-ups then draft, verify and write past the
-        text, as a capture of a host-fed verify does); the length is put back after."""
-        length = self.length.clone()
-        self.length.fill_(start + 1)
+        """Capture with the device's text ending at `start`: every warm-up drafts, verifies and writes the cache from
+        there (one that went on from the last one's accepted tokens would write past `start + rows`, up to the
+        cache's end and beyond); the length is put back after."""
+        length, self.capturing = self.length.clone(), start + 1
         try:
             return super()._capture(model, cache, window, tokens, start)
         finally:
+            self.capturing = None
             self.length.copy_(length)
 
     def _slot(self) -> "tuple[torch.Tensor, torch.cuda.Event] | None":
@@ -117,7 +124,7 @@ class ResidentVerify(GraphedStep):
         queued)."""
         if not self.history.is_cuda:
             return None
-        if not self._host:
+        if not self._host:  # (a slot is rewritten RESULT_SLOTS queues later: the loop reads each before then)
             self._host = [(torch.empty(MAX_ROWS + 2, dtype=torch.long, pin_memory=True), torch.cuda.Event())
                           for _ in range(RESULT_SLOTS)]
         self._host.append(self._host.pop(0))

@@ -34,14 +34,15 @@ def resident_run(decoder: "SpeculativeDecoder", runner: "Steps", context: list[i
                  sampler: "Sampler") -> Iterator[int]:
     """Resident verifies after `context` (extended in place), the first of `rows` rows, until the host's drafter or
     the controller stops drafting, the text reaches `end` tokens, or the cache's end; every verify queued is read
-    before this returns. A verify's cost is the time between two results arriving: the device's pace.
+    before this returns (but where the caller closes it early). A verify's cost is the time between two results
+    arriving: the device's pace.
 
     A verify is queued blind (before the one in flight is read) only behind one that accepted every draft: the copy
     ran past its draft and likely goes on. Behind a partial acceptance the copy just broke, and a blind verify is
     mostly wasted: queued behind every verify but a run's first, it made repetitive 2.5% slower than host-fed
-    verifies on the H200 (0.975× [0.972, 0.981], copy_heavy 1.075×, spec-*-h200-resident-vs-host.json); queued
-    behind a run's first too, 8% slower on copy_heavy in the replay (draft_replay.py --resident). Nor is a verify
-    queued that the ones in flight may make unnecessary (they emit up to their rows each)."""
+    verifies on the H200 (0.975× [0.972, 0.981], copy_heavy 1.075×, spec-*-h200-resident-vs-host-lag-all-2.json);
+    queued behind a run's first too, 8% slower on copy_heavy in the replay (draft_replay.py --resident). Nor is a
+    verify queued that the ones in flight may make unnecessary (they emit up to their rows each)."""
     runner.begin_resident(context, decoder.speculation.lookback)
     queued: deque[tuple[int, "Queued"]] = deque()
     last, ahead = decoder.host_clock(), 0
@@ -49,12 +50,11 @@ def resident_run(decoder: "SpeculativeDecoder", runner: "Steps", context: list[i
         while True:
             flight = sum(r for r, _ in queued)  # tokens the verifies in flight may still emit
             reach = len(context) - 1 + flight + rows  # past the last position this one may write
-            if rows and len(context) + flight < end and reach <= runner.cache_capacity:
+            if rows and len(queued) <= ahead and len(context) + flight < end and reach <= runner.cache_capacity:
                 queued.append((rows, runner.queue_verify(rows, reach)))
                 runner.counters[ONE_SYNC] += 1
-                if len(queued) <= ahead:
-                    continue
-            elif not queued:
+                continue
+            if not queued:
                 return
             done, pending = queued.popleft()
             tokens = pending.result()[0]
