@@ -96,10 +96,13 @@ class SpeculativeDecoder:
         yield context[-1]
         try:
             while len(context) < start + count:
-                if resident:  # verifies queued ahead on the device while the drafter has something to draft
+                if resident:  # verifies queued ahead on the device while the drafter has something to draft, then
+                    # plain steps until it has again (the run ends where it had nothing: no second draft asked)
                     rows = self.resident_rows(runner, context, start + count, sampler)
-                    yield from (resident_run(self, runner, context, start + count, rows, sampler) if rows
-                                else self._plain_run(runner, context, start + count, sampler))
+                    if rows:
+                        yield from resident_run(self, runner, context, start + count, rows, sampler)
+                    if len(context) < start + count:
+                        yield from self._plain_run(runner, context, start + count, sampler)
                     continue
                 k = self._depth(runner, context, start + count)
                 emitted = self.step(runner, context, k, sampler) if k else None
