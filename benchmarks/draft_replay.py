@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from kerneltriage.backends.torch.acceptance import greedy_accept
 from kerneltriage.backends.torch.sampling import TorchSampler
 from kerneltriage.core.environment import capture_environment
 from kerneltriage.core.errors import InputError
@@ -90,12 +91,11 @@ class ReplayTarget:
         index = NgramIndex(self.lookback)
         index.extend(self.device)
         drafts = index.propose(rows - 1) or self.device[-1:] * (rows - 1)
-        choices = self._rows(len(self.device) - 1, [self.device[-1], *drafts]).argmax(-1).tolist()
-        kept = next((i for i, (best, draft) in enumerate(zip(choices, drafts)) if best != draft), len(drafts))
-        self.device += choices[:kept + 1]
+        emitted = greedy_accept(self._rows(len(self.device) - 1, [self.device[-1], *drafts]), drafts)
+        self.device += emitted
         self.now += self.gap if not self.in_flight else 0.0
         self.in_flight += 1
-        return _Queued(self, choices[:kept + 1], self.resident_costs[rows])
+        return _Queued(self, emitted, self.resident_costs[rows])
 
     def start(self, prompt: list[int], continuation: list[int]) -> torch.Tensor:
         """A new prompt: the prefill's logits (its token is the continuation's first)."""

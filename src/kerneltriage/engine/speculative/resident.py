@@ -40,9 +40,8 @@ def resident_run(decoder: "SpeculativeDecoder", runner: "Steps", context: list[i
     A verify is queued blind (before the one in flight is read) only behind one that accepted every draft: the copy
     ran past its draft and likely goes on. Behind a partial acceptance the copy just broke, and a blind verify is
     mostly wasted: queued behind every verify but a run's first, it made repetitive 2.5% slower than host-fed
-    verifies on the H200 (0.975× [0.972, 0.981], copy_heavy 1.075×, spec-*-h200-resident-vs-host-lag-all-2.json);
-    queued behind a run's first too, 8% slower on copy_heavy in the replay (draft_replay.py --resident). Nor is a
-    verify queued that the ones in flight may make unnecessary (they emit up to their rows each)."""
+    verifies on the H200 (0.975× [0.972, 0.981], copy_heavy 1.075×, spec-*-h200-resident-vs-host-lag-all-2.json).
+    Nor is a verify queued that the ones in flight may make unnecessary (they emit up to their rows each)."""
     runner.begin_resident(context, decoder.speculation.lookback)
     queued: deque[tuple[int, "Queued"]] = deque()
     last, ahead = decoder.host_clock(), 0
