@@ -38,6 +38,7 @@ from kerneltriage.engine.speculative.config import VERIFY_BUCKETS, parse_specula
 from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
 from kerneltriage.engine.speculative.lookup import lookup_drafter
 from kerneltriage.engine.speculative.ngram import NgramIndex
+from kerneltriage.engine.speculative.resident import CHOICES, device_choice
 
 PROMPTS = Path(__file__).parent / "prompts"
 SETS = ("copy_heavy", "repetitive", "summarize", "open_ended")
@@ -55,22 +56,23 @@ class _Read:
 class _Queued:
     """A resident step's tokens; reading them advances the clock by the step's price (steps run back to back)."""
 
-    def __init__(self, target: "ReplayTarget", emitted: list[int], cost: float) -> None:
-        self.target, self.emitted, self.cost = target, emitted, cost
+    def __init__(self, target: "ReplayTarget", emitted: list[int], rows: int, cost: float) -> None:
+        self.target, self.emitted, self.rows, self.cost = target, emitted, rows, cost
 
-    def result(self) -> tuple[list[int], int]:
+    def result(self) -> tuple[list[int], int, int]:
         self.target.now, self.cost = self.target.now + self.cost, 0.0
         self.target.in_flight -= 1
-        return self.emitted, 0
+        return self.emitted, 0, self.rows
 
 
 class ReplayTarget:
     """The steps a speculative decoder drives, over recorded greedy text: after the true text so far plus any
     tokens, the target's choice is the text's next token when those tokens are the text's too (else token 0), as
     one-hot logits; a decode advances the clock by 1, a verify by its rows' price (`costs`; `flat` for all). With
-    `resident` costs, verifies run resident (as `one_sync` runs them on a graphed runner): each drafts as the device
-    does (the latest longest match of up to `lookback` tokens: NgramIndex's rule) and costs its rows' price there; one
-    queued with none in flight first costs `gap` (the device waited for the host to decide it)."""
+    `resident` costs, steps run resident (as `one_sync` runs them on a graphed runner): each chooses and drafts as the
+    device does (resident.device_choice; the latest longest match of up to `lookback` tokens: NgramIndex's rule) and
+    costs its rows' price there (a plain one `resident[1]`, 1 when not given); one queued with none in flight first
+    costs `gap` (the device waited for the host to queue it)."""
 
     cache_capacity = 1 << 30
 
@@ -87,15 +89,16 @@ class ReplayTarget:
     def begin_resident(self, context: list[int], lookback: int) -> None:
         self.device, self.lookback = list(context), lookback
 
-    def queue_verify(self, rows: int, reach: int) -> _Queued:
+    def queue_step(self, reach: int, limits: tuple[int, int]) -> _Queued:
+        rows = CHOICES[device_choice(self.device, self.lookback, limits)[0]]
         index = NgramIndex(self.lookback)
         index.extend(self.device)
-        drafts = index.propose(rows - 1) or self.device[-1:] * (rows - 1)
+        drafts = (index.propose(rows - 1) or self.device[-1:] * (rows - 1)) if rows > 1 else []
         emitted = greedy_accept(self._rows(len(self.device) - 1, [self.device[-1], *drafts]), drafts)
         self.device += emitted
         self.now += self.gap if not self.in_flight else 0.0
         self.in_flight += 1
-        return _Queued(self, emitted, self.resident_costs[rows])
+        return _Queued(self, emitted, rows, self.resident_costs.get(rows, 1.0))
 
     def start(self, prompt: list[int], continuation: list[int]) -> torch.Tensor:
         """A new prompt: the prefill's logits (its token is the continuation's first)."""
@@ -120,6 +123,19 @@ class ReplayTarget:
     def verify(self, last: int, drafts: list[int], start: int, rows: int) -> torch.Tensor:
         self.now += self.costs[rows] if rows else self.costs["flat"]
         return self._rows(start, [last, *map(int, drafts)])
+
+    def verify_tree(self, last: int, tree, start: int) -> torch.Tensor:
+        """A token tree's rows at the price of the smallest shape that holds them: row r is the choice after node
+        r's path (the root's row first)."""
+        rows = tree.size + 1
+        self.now += self.costs[min(r for r in self.costs if r != "flat" and r >= rows)]
+        out = torch.zeros(rows, self.vocab)
+        for node in range(rows):
+            out[node] = self._rows(start, [last, *(tree.tokens[n - 1] for n in tree.lineage(node)[1:])])[-1]
+        return out
+
+    def keep_branch(self, start: int, path: list[int]) -> None:
+        pass
 
     def trim_cache(self, length: int) -> None:
         pass
@@ -179,14 +195,15 @@ def greedy_texts(model: str, sets: list[str], count: int) -> dict[str, object]:
 
 def parse_costs(text: str, any_shapes: bool = False) -> dict[int, float]:
     """`16:1.43,32:1.62` → {16: 1.43, 32: 1.62}: every padded shape's verify step in plain steps (those of
-    config.VERIFY_BUCKETS, or with `any_shapes` any ascending set ending at 32 rows at most)."""
+    config.VERIFY_BUCKETS — and a plain step's, 1:…, optionally — or with `any_shapes` any ascending set ending at 32
+    rows at most)."""
     costs = {}
     for item in text.split(","):
         rows, colon, cost = item.partition(":")
         if not (colon and rows.isdigit() and cost.replace(".", "", 1).isdigit()):
             raise ValueError(item)
         costs[int(rows)] = float(cost)
-    if set(costs) != set(VERIFY_BUCKETS) and not (any_shapes and 1 < min(costs) and max(costs) <= 32):
+    if set(costs) - {1} != set(VERIFY_BUCKETS) and not (any_shapes and 1 < min(costs) and max(costs) <= 32):
         raise ValueError(f"shapes {sorted(costs)}")
     return costs
 
@@ -211,11 +228,12 @@ def main() -> None:
                         f"shape, ROWS:COST,… (default {DEFAULT_COSTS})")
     parser.add_argument("--other-shapes", action="store_true", help="pad verifies to --verify-costs' shapes "
                         f"instead of the decoder's ({','.join(map(str, VERIFY_BUCKETS))}): a what-if")
-    parser.add_argument("--resident", default=None, metavar="COSTS", help="verifies resident on the device (one_sync "
-                        "under graphs: queued ahead, drafted and accepted there), each padded shape priced at "
-                        "ROWS:COST,… plain steps (the device's verify alone: e.g. 16:1.27,32:1.64)")
+    parser.add_argument("--resident", default=None, metavar="COSTS", help="steps resident on the device (one_sync "
+                        "under graphs: queued ahead, chosen, drafted and accepted there), each padded shape priced at "
+                        "ROWS:COST,… plain steps (the device's step alone: e.g. 1:1.02,16:1.27,32:1.64; a plain one "
+                        "1 unless given)")
     parser.add_argument("--host-gap", type=float, default=0.0, help="with --resident: plain steps the device waits "
-                        "for the host to queue a verify when none is in flight (default 0)")
+                        "for the host to queue a step when none is in flight (default 0)")
     parser.add_argument("--eager", action="store_true", help="verifies of k + 1 rows (no graphs): a draft's length "
                         "costs rows (the drafters' length rules apply), each verify priced at --verify-cost")
     parser.add_argument("--verify-cost", type=float, default=1.9, help="with --eager: a verify step in plain steps")

@@ -21,6 +21,7 @@
 #   spec            suffix speculation vs the fused set on the four prompt sets and the held-out one (needs the model)
 #   spec-shapes     ab of suffix:15 (one 16-row verify shape) against suffix (16 and 32 rows) on two sets
 #   spec-gpu-tests  tests/test_gpu.py's speculation tests (graphed verifies, both padded shapes; needs the model)
+#   cond-probe      one graph choosing a plain step or a 16-row verify through CUDA IF nodes (no model needed)
 #   host-pace       the host's pace round by round in one process, by default, pinned to a core, without the GC
 #   resident-tests  resident verifies' tests on the GPU (tiny models; the real model's with both parts)
 #   resident-profile  spec_profile.py with one_sync (resident verifies) on repetitive and open_ended
@@ -105,6 +106,7 @@ case "$1" in
   prefill-graphs)  # prefill_graphs alone on the real model (pdl alone: ab-default-h200-pdl.json, 2026-12-01)
     step 150 "${kt[@]}" ab --a "levers=${FUSED/,prefill_graphs/}" --b "levers=$FUSED" -p 512 -n 128 -r 8 \
       --output json --ledger "$L" > "$OUT/ab-default-h200-prefill-graphs.json" ;;
+  cond-probe) step 240 python3 benchmarks/cond_step_probe.py --out "$OUT/cond-step-smollm2-preset-h200.json" ;;
   fused-tests) step 300 python3 -m pytest -q tests/test_fused_layer.py > "$OUT/gpu-fused-layer-h200.txt" 2>&1 ;;
   verify-tiles)
     step 400 python3 benchmarks/verify_tiles_probe.py --out "$OUT/verify-tiles-smollm2-preset-h200-split-gemv.json" ;;

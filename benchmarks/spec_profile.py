@@ -9,7 +9,8 @@ for the device lands here), `trim_cache`, the decoder's synced `clock` reads (a 
 2026-12-01's fourth session), plain `decode` calls, and graph captures during the timed runs (should be 0).
 Alone, at one position (--iters each), for each padded verify shape: a plain step and a verify queued back to back
 (device-bound: the device's time per call), and verify + accept + trim one after another (what one verify step costs
-the loop); with `one_sync` in the config, a resident verify (drafted and accepted on the device) queued back to back.
+the loop); with `one_sync` in the config, resident steps (drafted, chosen and accepted on the device) queued back to
+back: verifies, and plain steps.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from kerneltriage.engine.backend import get_backend
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.sampling import SamplingParams
 from kerneltriage.engine.speculative.draft import Draft
+from kerneltriage.engine.speculative.resident import CHOICES, WIDEST
 from kerneltriage.engine.sources import load_checkpoint
 
 PROMPTS = Path(__file__).parent / "prompts"
@@ -92,21 +94,26 @@ def alone(runner, iters: int, position: int, rows: int) -> dict[str, float]:  # 
 
 
 def resident(runner, position: int, rows: int, queued) -> dict:  # noqa: ANN001
-    """µs per resident verify (draft, verify, argmax, accept on the device) queued back to back from `position`:
-    each call puts the device's text back at position + 1 tokens (an upload and a fill) and queues as many steps as
-    the cache holds beyond it, reading the last; and its kernels."""
+    """µs per resident step queued back to back from `position` (draft, choice, forward, argmax, accept on the
+    device): verifies of `rows` (the text repeats, so each chooses the widest shape it is allowed: capped at
+    `rows`) and plain steps (capped at none); each call puts the device's text back at position + 1 tokens (an
+    upload and a fill) and queues as many steps as the cache holds beyond it, reading the last; and the verifies'
+    kernels."""
     text = [(7 * i) % 50 for i in range(position + 1)]  # repeats: drafts copy, as on copied text
     lookback = runner.speculation.speculation.lookback
-    steps = max(1, (runner.cache_capacity - position) // rows)
+    found = {}
+    for name, cap, width in (("resident", CHOICES.index(rows), rows), ("resident_plain", 0, 1)):
+        steps = max(1, (runner.cache_capacity - position - WIDEST) // width)
 
-    def chunk() -> None:
-        runner.begin_resident(text, lookback)  # the text put back (the steps appended to it)
-        results = [runner.queue_verify(rows, position + (i + 1) * rows) for i in range(steps)]
-        results[-1].result()
+        def chunk(cap: int = cap, width: int = width, steps: int = steps) -> None:
+            runner.begin_resident(text, lookback)  # the text put back (the steps appended to it)
+            results = [runner.queue_step(position + i * width + WIDEST, (cap, 1)) for i in range(steps)]
+            results[-1].result()
 
-    found = {"resident_queued_us": queued(chunk) / steps, "resident_steps_per_call": steps}
-    found["kernels_resident"] = [{key: value / steps if isinstance(value, float) else value
-                                  for key, value in entry.items()} for entry in kernels(runner, chunk)]
+        found |= {f"{name}_queued_us": queued(chunk) / steps, f"{name}_steps_per_call": steps}
+        if cap and runner.device_type == "cuda":
+            found["kernels_resident"] = [{key: value / steps if isinstance(value, float) else value
+                                          for key, value in entry.items()} for entry in kernels(runner, chunk)]
     return found
 
 
@@ -143,7 +150,7 @@ def main() -> None:
     prompts = load_prompt_set(PROMPTS / f"{args.set}.jsonl", checkpoint.tokenizer).prompts[: args.per_set]
     runner = backend.build(checkpoint, RunConfig.parse(args.config, "--config"), device, dtype)
     decoder, timed = runner.speculation, Timed()
-    for name in ("verify", "trim_cache", "clock", "decode", "queue_verify", "begin_resident"):
+    for name in ("verify", "trim_cache", "clock", "decode", "queue_step", "begin_resident"):
         timed.wrap(runner, name)
     timed.wrap(decoder.drafter, "draft")
     make_sampler = runner.sampler
@@ -155,7 +162,7 @@ def main() -> None:
 
     runner.sampler = sampler
     captures = defaultdict(int)
-    for step_name in ("decode_step", "verify_step", "prefill_step", "resident_verify"):
+    for step_name in ("decode_step", "verify_step", "prefill_step", "resident_steps"):
         graphed = getattr(runner, step_name)
         if hasattr(graphed, "_capture"):
             inner = graphed._capture

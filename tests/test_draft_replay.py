@@ -36,8 +36,26 @@ def test_a_copy_pays_and_text_that_never_recurs_does_not_lose(draft_replay) -> N
     assert dearer["modelled_speedup"] < copied["modelled_speedup"] and dearer["modelled_speedup"] > 2.5, dearer
 
 
+def test_resident_steps_choose_on_the_device_and_keep_the_text(draft_replay) -> None:  # noqa: ANN001
+    """Resident steps (--resident): each chooses, drafts and accepts as the device does; a copy pays at least as much
+    as host-fed verifies that wait for the host (no gap between steps), text that never recurs stays near plain
+    speed (its plain steps at the resident graph's price), and a wait at each run's start costs time."""
+    rng = random.Random(1)
+    code = [rng.randrange(100, 900) for _ in range(120)]
+    copy = [[[1, 2, *code, 3], [4, *code[:50], 5, *code[50:110]]]]
+    noise = [[[rng.randrange(100, 120) for _ in range(40)], [rng.randrange(100, 120) for _ in range(200)]]]
+    costs, resident = draft_replay.parse_costs(draft_replay.DEFAULT_COSTS), {1: 1.02, 16: 1.3, 32: 1.6}
+    copied = draft_replay.replay("suffix", None, copy, costs, True, resident)
+    assert copied["modelled_speedup"] > 3.0 and copied["tokens_per_verify"] > 10, copied
+    never = draft_replay.replay("suffix", None, noise, costs, True, resident)
+    assert 0.95 <= never["modelled_speedup"] <= 1.0, never
+    waited = draft_replay.replay("suffix", None, copy, costs, True, resident, gap=0.5)
+    assert waited["modelled_speedup"] < copied["modelled_speedup"], waited
+
+
 def test_costs_name_every_padded_shape(draft_replay) -> None:  # noqa: ANN001
     assert draft_replay.parse_costs("16:1.4,32:1.6") == {16: 1.4, 32: 1.6}
+    assert draft_replay.parse_costs("1:1.02,16:1.4,32:1.6") == {1: 1.02, 16: 1.4, 32: 1.6}  # a plain step's too
     for bad in ("16:1.4", "16:x,32:1", "16=1.4,32:1.6"):
         with pytest.raises(ValueError):
             draft_replay.parse_costs(bad)

@@ -1,7 +1,9 @@
-"""Resident verifies (`one_sync` with a lookup `--spec` under graphs): the device's draft is the host n-gram index's
-(the latest longest match, copied LZ77-style), its acceptance greedy_accept's, every token plain greedy decoding's,
-and the next verify is queued before the last one is read. On the CPU the kernels run in Triton's interpreter and
-graphs are recaptured replays (conftest.rerun_capture); with CUDA, compiled kernels and captured graphs."""
+"""Resident steps (`one_sync` with a lookup `--spec` under graphs): the device's draft is the host n-gram index's
+(the latest longest match, copied LZ77-style), its choice between a plain step and a verify shape
+`resident.device_choice`'s, its acceptance greedy_accept's, every token plain greedy decoding's, and the next step is
+queued before the last one is read. On the CPU the kernels run in Triton's interpreter, graphs are recaptured replays
+(conftest.rerun_capture) and the choice is read on the host; with CUDA, compiled kernels and captured graphs with the
+choice in a SWITCH node."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from kerneltriage.engine.sampling import SamplingParams
 from kerneltriage.engine.speculative.config import parse_speculation
 from kerneltriage.engine.speculative.decoder import SPEC_COUNTER
 from kerneltriage.engine.speculative.ngram import NgramIndex
+from kerneltriage.engine.speculative.resident import CHOICES, device_choice, widest
 from kerneltriage.kernels import lookup_draft
 
 GREEDY = SamplingParams()
@@ -47,7 +50,7 @@ def _text(rng: random.Random, size: int) -> list[int]:
 
 
 @pytest.mark.parametrize("rows, lookback", [(16, 32), (32, 32), (4, 3), (16, 1)])
-def test_the_device_draft_is_the_ngram_index_proposal(rows: int, lookback: int) -> None:
+def test_the_device_draft_is_the_ngram_index_proposal_and_its_choice_the_reference(rows: int, lookback: int) -> None:
     rng = random.Random(rows * 100 + lookback)
     for size in (1, 2, 40, 300, 1500):  # 1500: the scan goes round more than once
         text = _text(rng, size)
@@ -55,18 +58,33 @@ def test_the_device_draft_is_the_ngram_index_proposal(rows: int, lookback: int) 
         history[:size] = torch.tensor(text)
         length, tokens = torch.tensor(size, device=DEVICE), torch.zeros((1, rows), dtype=torch.long, device=DEVICE)
         position, matched = (torch.zeros((), dtype=torch.long, device=DEVICE) for _ in range(2))
-        lookup_draft.draft(history, length, tokens, position, matched, lookback)
-        index = NgramIndex(lookback)
-        index.extend(text)
-        expected = index.propose(rows - 1) or text[-1:] * (rows - 1)  # nothing recurs: the last token repeated
-        assert tokens[0].tolist() == [text[-1], *expected], (size, text[-40:])
-        assert int(position) == size - 1
-        longest = next((n for n in range(min(lookback, size - 1), 0, -1)
-                        if any(text[j - n + 1:j + 1] == text[-n:] for j in range(n - 1, size - 1))), 0)
-        assert int(matched) == longest
+        for limits in ((2, 1), (1, 1), (0, 1), (2, 3), (2, 40)):
+            choice = torch.tensor(-1, dtype=torch.int32, device=DEVICE)
+            allowed = torch.tensor(limits, dtype=torch.int32, device=DEVICE)
+            lookup_draft.draft(history, length, tokens, position, matched, choice, allowed, lookback)
+            index = NgramIndex(lookback)
+            index.extend(text)
+            expected = index.propose(rows - 1) or text[-1:] * (rows - 1)  # nothing recurs: the last token repeated
+            assert tokens[0].tolist() == [text[-1], *expected], (size, text[-40:])
+            assert int(position) == size - 1
+            assert (int(choice), int(matched)) == device_choice(text, lookback, limits), (size, limits, text[-40:])
 
 
-@pytest.mark.parametrize("rows", [4, 16, 32])
+def test_the_choice_follows_the_suffix_drafters_rule() -> None:
+    """Plain where nothing recurs or a one-token match went on differently before; the narrower verify from a match
+    of 2 (or of one token that always went on the same way); the wider from LONG_MATCH tokens; within the host's
+    limits (the widest shape, the least match)."""
+    assert device_choice([5, 6, 7], 32, (2, 1)) == (0, 0)  # nothing recurs
+    assert device_choice([5, 6, 5, 7, 5], 32, (2, 1)) == (0, 1)  # 5 went on as 6 and as 7
+    assert device_choice([5, 6, 9, 5], 32, (2, 1)) == (1, 1)  # 5 always went on as 6
+    assert device_choice([1, 2, 3, 1, 2], 32, (2, 1)) == (1, 2) and device_choice([1, 2, 3, 1, 2], 32, (2, 3))[0] == 0
+    text = list(range(10)) * 2
+    assert device_choice(text, 32, (2, 1)) == (2, 10) and device_choice(text, 32, (1, 1)) == (1, 10)
+    assert device_choice(text, 32, (0, 1)) == (0, 10) and device_choice(text, 4, (2, 1)) == (1, 4)  # lookback caps
+    assert [widest(k) for k in (0, 1, 15, 16, 31)] == [0, 1, 1, 2, 2]  # the shape a draft of k is padded to
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16, 32])
 def test_the_device_acceptance_is_greedy_accept(rows: int) -> None:
     rng = random.Random(rows)
     for _ in range(12):
@@ -76,12 +94,12 @@ def test_the_device_acceptance_is_greedy_accept(rows: int) -> None:
         history = torch.zeros(30 + rows, dtype=torch.long, device=DEVICE)
         history[:30] = torch.tensor(text)
         length, matched = torch.tensor(30, device=DEVICE), torch.tensor(9, device=DEVICE)
-        out = torch.full((rows + 2,), -1, dtype=torch.long, device=DEVICE)
+        out = torch.full((rows + 3,), -1, dtype=torch.long, device=DEVICE)
         tokens = torch.tensor([[text[-1], *drafts]], device=DEVICE)
         lookup_draft.accept(history, length, torch.tensor(best, device=DEVICE), tokens, matched, out)
         logits = torch.nn.functional.one_hot(torch.tensor(best), 5).float()
-        emitted = greedy_accept(logits, drafts)
-        assert out.tolist() == [len(emitted), 9, *best]
+        emitted = greedy_accept(logits, drafts)  # one row (a plain step): its argmax
+        assert out.tolist() == [len(emitted), 9, rows, *best]
         assert int(length) == 30 + len(emitted) and history[30:30 + len(emitted)].tolist() == emitted
         assert history[:30].tolist() == text
 
@@ -106,24 +124,52 @@ def expected() -> list[int]:
 
 
 @pytest.mark.parametrize("spec, depth", [("suffix", "15"), ("ngram", "15"), ("suffix", "3"), ("suffix", "auto")])
-def test_resident_verifies_emit_plain_greedy_tokens(expected: list[int], spec: str, depth: str) -> None:
+def test_resident_steps_emit_plain_greedy_tokens(expected: list[int], spec: str, depth: str) -> None:
     runner, decoder = resident_runner(spec=spec, depth=depth)
+    chosen = _chosen(decoder)
     assert list(generate_step(runner, PROMPT, GREEDY, NEW)) == expected
     stats = decoder.stats
-    assert runner.counters[ONE_SYNC] >= runner.counters[SPEC_COUNTER] == stats.verify_steps > 0
+    assert runner.counters[SPEC_COUNTER] == stats.verify_steps == sum(rows > 1 for rows in chosen) > 0
+    assert runner.counters[ONE_SYNC] >= len(chosen)  # every resident step queued, plain or verify (one may pass the end)
     assert stats.verify_tokens + len(stats.plain_seconds) == NEW - 1  # every token once, the prefill's aside
-    if depth != "auto":  # a fixed depth k: each verify has k + 1 rows, all drafted on the device
-        assert stats.drafted_tokens == stats.verify_steps * int(depth)
+    if depth != "auto":  # a fixed depth k: verifies of k + 1 rows padded to their shape, drafted to it on the device
+        assert set(chosen) <= {1, CHOICES[widest(int(depth))]}
+        assert stats.drafted_tokens == stats.verify_steps * (CHOICES[widest(int(depth))] - 1)
         assert stats.tokens_per_step > 2  # the loops were copied
 
 
-def test_the_next_verify_is_queued_before_the_last_one_is_read() -> None:
+def _chosen(decoder) -> list[int]:  # noqa: ANN001
+    """The rows of every resident step the decoder records from now on (1: a plain step)."""
+    chosen, record = [], decoder.record_step
+
+    def logged(runner, rows: int, accepted: int, seconds: float, matched: int = 0) -> None:  # noqa: ANN001
+        chosen.append(rows)
+        record(runner, rows, accepted, seconds, matched)
+
+    decoder.record_step = logged
+    return chosen
+
+
+def test_the_device_chooses_plain_steps_and_verifies_in_one_run() -> None:
+    """A text that copies, then writes something new: the device verifies the copies and steps plainly where nothing
+    recurs, within one run of queued steps (no host-fed step between them)."""
+    expected = list(generate_step(tiny(), PROMPT, GREEDY, 2 * NEW))
+    runner, decoder = resident_runner(depth="31")
+    chosen = _chosen(decoder)
+    assert list(generate_step(runner, PROMPT, GREEDY, 2 * NEW)) == expected
+    texts = [PROMPT + expected[:i] for i in range(1, 2 * NEW)]
+    wanted = {CHOICES[device_choice(text, 32, (2, least))[0]] for text in texts for least in (1, 2, 3, 4, 8, 33)}
+    assert set(chosen) <= wanted and len(chosen) <= runner.counters[ONE_SYNC]
+    assert 1 in chosen and (16 in chosen or 32 in chosen), chosen
+
+
+def test_the_next_step_is_queued_before_the_last_one_is_read() -> None:
     expected = list(generate_step(tiny(), PROMPT, GREEDY, 2 * NEW))  # the loop it falls into repeats for long
     runner, _ = resident_runner()
-    events, queue = [], runner.queue_verify
+    events, queue = [], runner.queue_step
 
-    def logged(rows: int, reach: int):  # noqa: ANN202
-        pending = queue(rows, reach)
+    def logged(reach: int, limits: tuple[int, int]):  # noqa: ANN202
+        pending = queue(reach, limits)
         events.append("queue")
 
         class Read:
@@ -133,12 +179,12 @@ def test_the_next_verify_is_queued_before_the_last_one_is_read() -> None:
 
         return Read()
 
-    runner.queue_verify = logged
+    runner.queue_step = logged
     assert list(generate_step(runner, PROMPT, GREEDY, 2 * NEW)) == expected
-    # a run's first verify is read before the next is queued (it may have been the match's only one), then one ahead
-    assert events[:2] == ["queue", "read"], events
-    assert ("read", "queue", "queue", "read") in set(zip(events, events[1:], events[2:], events[3:])), events
-    assert events.count("queue") == events.count("read") > 2  # each run of verifies drained before it ends
+    # two queued before the first read, then one queued behind each read while the text is short of its end
+    assert events[:3] == ["queue", "queue", "read"], events
+    assert ("read", "queue", "read", "queue") in set(zip(events, events[1:], events[2:], events[3:])), events
+    assert events.count("queue") == events.count("read") > 2  # each run of steps drained before it ends
     assert runner.model.cache.length <= len(PROMPT) + 2 * NEW - 1  # trimmed to the text the host read
 
 
@@ -168,6 +214,56 @@ def test_a_capture_at_the_caches_end_runs_every_warm_up_from_the_same_text_end(e
     runner.prefill(PROMPT, 0)
     text = PROMPT + expected[:1]
     runner.begin_resident(text, 32)
-    emitted, _ = runner.queue_verify(16, capacity).result()  # captured at capacity - 16: warm-ups end at the end
-    assert emitted and emitted == expected[1:1 + len(emitted)]
-    assert int(runner.resident_verify.length) == len(text) + len(emitted)
+    emitted, _, rows = runner.queue_step(capacity, (2, 1)).result()  # captured at capacity - 32: warm-ups end there
+    assert emitted and emitted == expected[1:1 + len(emitted)] and rows == CHOICES[device_choice(text, 32, (2, 1))[0]]
+    assert int(runner.resident_steps.length) == len(text) + len(emitted)
+
+
+def test_the_controller_limits_resident_verifies_by_the_match_lengths_that_pay() -> None:
+    """Resident steps: verifies from a match length that emit fewer tokens per second than plain steps raise the
+    least match the device needs above it, plain steps bring it back down a bucket (to try again), and verifies that
+    lose as a whole switch speculation off; the depth is left alone (the device picks each shape)."""
+    from kerneltriage.engine.speculative.controller import REPROBE_STEPS, WARMUP_STEPS, YIELD_MIN, DepthController
+
+    def controller() -> DepthController:
+        made = DepthController(None, 31, padded=True)
+        made.resident = True
+        for _ in range(3):
+            made.observe_plain(1.0)  # a plain step: one token a second
+        return made
+
+    def verify(made: DepthController, matched: int, tokens: int, seconds: float) -> None:
+        made.observe_match(matched, tokens, seconds)
+        made.observe_verify(15, tokens - 1, 0.0, seconds, 16)
+
+    mixed = controller()
+    for _ in range(3):
+        verify(mixed, 1, 1, 1.3)  # a one-token match: nothing accepted, 1.3 s
+        verify(mixed, 9, 10, 1.5)  # a long match: 9 accepted
+    assert mixed.least == 2 and not mixed.off and mixed.depth == 31
+    for _ in range(REPROBE_STEPS):
+        mixed.observe_plain(1.0)
+    assert mixed.least == 1
+    losing = controller()
+    for _ in range(YIELD_MIN + WARMUP_STEPS):  # (judged every WARMUP_STEPS verifies)
+        verify(losing, 2, 1, 1.3)
+    assert losing.off and losing.least == 3 and losing.next_depth() == 0
+
+
+def test_every_window_a_run_reaches_is_captured_before_it() -> None:
+    """The steps in flight reach RESIDENT_SLACK positions past the text: their windows are captured before the run
+    (accelerate.GraphedStep.prepare), never inside it — on a cache just large enough, with a window of 8 slots."""
+    runner, _ = resident_runner()
+    steps = runner.resident_steps
+    steps.window_step = 8
+    prepared, captured, capture = [], [], steps._capture
+
+    def spied(*args):  # noqa: ANN002, ANN202
+        captured.append(bool(prepared))
+        return capture(*args)
+
+    prepare = steps.prepare
+    steps._capture = spied
+    steps.prepare = lambda *args: (prepare(*args), prepared.append(True))
+    list(generate_step(runner, PROMPT, GREEDY, NEW))
+    assert captured and prepared and not any(captured), captured  # every capture happened during the prepare

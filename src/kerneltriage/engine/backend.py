@@ -40,10 +40,11 @@ class Pending(Protocol):
 
 
 class Queued(Protocol):
-    """A resident verify's outcome on its way to the host."""
+    """A resident step's outcome on its way to the host."""
 
-    def result(self) -> tuple[list[int], int]:
-        """Wait for it: (the tokens it emitted, the length of the match its draft came from)."""
+    def result(self) -> tuple[list[int], int, int]:
+        """Wait for it: (the tokens it emitted, the length of the match its draft came from, the rows it computed:
+        1 for a plain step)."""
 
 
 class Sampler(Protocol):
@@ -54,7 +55,7 @@ class Sampler(Protocol):
 
     @property
     def argmax_only(self) -> bool:
-        """Sampling is the argmax of the raw logits (greedy, no logits processors): what a resident verify accepts."""
+        """Sampling is the argmax of the raw logits (greedy, no logits processors): what a resident step accepts."""
 
     def __call__(self, logits: Array) -> Array:
         """The next token (a device array) from logits (1, V); the token joins the history."""
@@ -78,17 +79,19 @@ class Steps(Protocol):
 
     def prepare_steps(self, start: int, end: int, rows: Sequence[int], lookback: int = 0) -> None:
         """Before a run from position `start` to `end`: capture now whatever fixed-shape steps it may replay (plain
-        steps, verifies of each of `rows`, and with `lookback` resident verifies of each of `rows` drafting from
-        matches of up to `lookback` tokens), so that no capture lands inside the run; nothing where none are
+        steps, verifies of each of `rows`, and with `lookback` resident steps, drafting from matches of up to
+        `lookback` tokens, instead of the verifies), so that no capture lands inside the run; nothing where none are
         captured."""
 
     def begin_resident(self, context: list[int], lookback: int) -> None:
         """Where `resident`: the device's copy of the text ← `context`; resident drafts match up to `lookback`
         tokens."""
 
-    def queue_verify(self, rows: int, reach: int) -> Queued:
-        """Where `resident`: queue a verify of `rows` rows that drafts from the device's text, verifies and accepts
-        greedily there, appending what it emits; its writes end before position `reach`. Nothing waits for the host
+    def queue_step(self, reach: int, limits: tuple[int, int]) -> Queued:
+        """Where `resident`: queue a step that drafts from the device's text and chooses there a plain step or a
+        verify within `limits` = (widest, least): of the padded shapes the widest-th at most (0: plain steps only),
+        from a match of `least` tokens (resident.device_choice has the rule); it runs the step and accepts
+        greedily, appending what it emits; its writes end before position `reach`. Nothing waits for the host
         between two of them."""
 
     def read_later(self, token: Array) -> Pending:
@@ -110,7 +113,7 @@ class Steps(Protocol):
 
     @property
     def resident(self) -> bool:
-        """True when verifies can run resident on the device (`queue_verify`)."""
+        """True when speculative steps can run resident on the device (`queue_step`)."""
 
 
 class Runner(Steps, Protocol):

@@ -144,13 +144,15 @@ def _capturable_attention():  # noqa: ANN202 - a context manager
 
 def graphs(runner: Runner, value: str | None = None, capture_fn: Capture = capture) -> None:
     """dispatch: the decode step (and a speculative verify) captured in CUDA graphs (static cache, one graph
-    per window bucket and row count); verifies may also run resident (their draft and acceptance in the graph:
-    backends/torch/resident.py)."""
-    from kerneltriage.backends.torch.resident import ResidentVerify
+    per window bucket and row count); speculative steps may also run resident (their draft, their choice between
+    a plain step and a verify, and their acceptance in the graph: backends/torch/resident.py)."""
+    from kerneltriage.backends.torch import graph_switch
+    from kerneltriage.backends.torch.resident import ResidentSteps
 
     runner.cache_type = StaticKVCache
     window = None if isinstance(runner.decode_step, CompiledStep) else GRAPH_WINDOW
-    runner.resident_verify = ResidentVerify(runner, runner.verify_step, window, capture_fn)
+    if capture_fn is not capture or graph_switch.available():  # (a captured step chooses through a SWITCH node)
+        runner.resident_steps = ResidentSteps(runner, runner.decode_step, runner.verify_step, window, capture_fn)
     runner.decode_step = GraphedStep(runner, runner.decode_step, window, capture_fn)
     runner.verify_step = GraphedStep(runner, runner.verify_step, window, capture_fn)
 

@@ -22,7 +22,7 @@ from kerneltriage.engine.sampling import SamplingParams
 from kerneltriage.engine.speculative.tree import TokenTree
 
 if TYPE_CHECKING:
-    from kerneltriage.backends.torch.resident import ResidentVerify, Result
+    from kerneltriage.backends.torch.resident import ResidentSteps, Result
     from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
 
 # (model, tokens (1, T), start) -> logits (1, V) of the last position
@@ -86,7 +86,7 @@ class Runner:
     no_compile: str | None = None  # the lever whose own kernels torch.compile must not trace, if any
     run_config: RunConfig = field(default_factory=RunConfig)
     speculation: "SpeculativeDecoder | None" = None
-    resident_verify: "ResidentVerify | None" = None  # verifies that draft from and append to the device's text
+    resident_steps: "ResidentSteps | None" = None  # steps that draft from, choose by and append to the device's text
     # Proof of execution: every lever's replacement code counts its own runs here.
     counters: Counter = field(default_factory=Counter)
     backend: str = "torch"
@@ -173,27 +173,30 @@ class Runner:
     @torch.inference_mode()
     def prepare_steps(self, start: int, end: int, rows: Sequence[int], lookback: int = 0) -> None:
         """Capture ahead the fixed-shape steps (graphs) a run from `start` to `end` may replay: plain steps and
-        verifies of each of `rows` (accelerate.GraphedStep.prepare) — with `lookback`, resident verifies (the run
-        verifies nothing host-fed); steps that are not captured need nothing."""
-        verify = self.resident_verify if lookback else self.verify_step
-        if lookback:
+        verifies of each of `rows` (accelerate.GraphedStep.prepare) — with `lookback`, resident steps instead of the
+        verifies (the run verifies nothing host-fed); steps that are not captured need nothing."""
+        from kerneltriage.backends.torch.resident import MAX_ROWS
+
+        verify, shapes = self.verify_step, list(rows)
+        if lookback:  # one graph per window, of the widest step's rows
+            verify, shapes = self.resident_steps, [MAX_ROWS]
             verify.use(lookback)
-        for step, shapes in ((self.decode_step, [1]), (verify, list(rows))):
+        for step, shapes in ((self.decode_step, [1]), (verify, shapes)):
             prepare = getattr(step, "prepare", None)
             if prepare is not None and shapes:
                 prepare(self.model, start, end, shapes)
 
     @property
     def resident(self) -> bool:
-        return self.resident_verify is not None
+        return self.resident_steps is not None
 
     @torch.inference_mode()
     def begin_resident(self, context: list[int], lookback: int) -> None:
-        self.resident_verify.begin(self.model, context, lookback)
+        self.resident_steps.begin(self.model, context, lookback)
 
     @torch.inference_mode()
-    def queue_verify(self, rows: int, reach: int) -> "Result":
-        return self.resident_verify.queue(self.model, rows, reach)
+    def queue_step(self, reach: int, limits: tuple[int, int]) -> "Result":
+        return self.resident_steps.queue(self.model, reach, limits)
 
     @torch.inference_mode()
     def verify_tree(self, last: int, tree: TokenTree, start: int) -> torch.Tensor:

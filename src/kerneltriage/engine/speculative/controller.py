@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from statistics import median
 
 from kerneltriage.engine.speculative.config import AUTO_MAX_DEPTH, AUTO_START_DEPTH, padded_rows
+from kerneltriage.engine.speculative.suffix import LONG_MATCH
 
 WARMUP_STEPS = 3  # verify steps between two judgements of the depth
 CALIBRATION_STEPS = 2  # plain steps that measure the plain step's cost before auto depth first speculates
@@ -19,8 +20,19 @@ COOLDOWN_STEPS = 32  # plain steps after speculation is switched off, doubled at
 MAX_COOLDOWN = 512  # without shadows (a model) is re-probed after them; with shadows, they decide instead
 SHADOW_MIN = 4  # shadow tokens scored since the switch-off before they may switch speculation back on
 RESUME_SPEEDUP = 1.05  # estimated speed-up at which shadows switch it back on: above 1, so it does not flap
+YIELD_WINDOW = 16  # resident: the recent verify steps whose tokens per second judge whether they pay
+YIELD_MIN = 8  # resident: verify steps seen in a run before they are judged
+MATCH_BUCKETS = (1, 2, 3, 4, LONG_MATCH)  # resident: match lengths from which verifies are judged apart
+BUCKET_MIN = 3  # resident: verifies from a bucket's matches seen before it is judged
+REPROBE_STEPS = 32  # resident: plain steps after which the least match a verify needs comes down a bucket
 SHADOW_PRIOR = 0.5  # hits and misses added at each position when shadows judge (1, Laplace's, outweighed what the
 # deep positions see — ~5 decayed counts at most — and kept a 6-plain-step verify off on text that would pay 2×)
+
+
+def _rate(seen: "deque[tuple[int, float]]") -> float:
+    """Tokens per second over (tokens, seconds) pairs."""
+    tokens, seconds = (sum(column) for column in zip(*seen))
+    return tokens / seconds if seconds > 0 else float("inf")
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,13 @@ class DepthController:
         self.draft_costs: deque[float] = deque(maxlen=COST_WINDOW)  # seconds per drafted token
         self.row_costs: deque[float] = deque(maxlen=COST_WINDOW)  # verify seconds per row beyond the first
         self.shape_costs: dict[int, deque[float]] = {}  # padded: verify seconds beyond a plain step, by rows
+        # resident steps (engine/speculative/resident.py): the device chooses each step and its shape from the text,
+        # so the controller only judges whether its verifies pay — by what they emitted per second
+        self.resident = False
+        self.yields: deque[tuple[int, float]] = deque(maxlen=YIELD_WINDOW)  # (tokens emitted, seconds) per verify
+        self.matches = {start: deque(maxlen=YIELD_WINDOW) for start in MATCH_BUCKETS}  # the same, by match length
+        self.least = 1  # the least match length a resident verify needs (the device's limit)
+        self.plain_since = 0  # resident plain steps since `least` last changed
         self._reset_estimates()
 
     def carry_over(self, earlier: "DepthController") -> None:
@@ -101,9 +120,20 @@ class DepthController:
             return 0
         return self.depth
 
+    def observe_match(self, matched: int, tokens: int, seconds: float) -> None:
+        """Resident: a verify drafted from a match of `matched` tokens emitted `tokens` in `seconds`."""
+        start = max(start for start in MATCH_BUCKETS if start <= max(matched, 1))
+        self.matches[start].append((tokens, seconds))
+
     def observe_plain(self, seconds: float | None) -> None:
         """A plain step taken; `seconds` its cost, None where it was not measured."""
         self.steps += 1
+        if self.resident and self.least > 1 and not self.off:  # shorter matches' verifies tried again now and then
+            self.plain_since += 1
+            if self.plain_since >= REPROBE_STEPS:
+                lower = max(start for start in MATCH_BUCKETS if start < self.least)
+                self.matches[lower].clear()
+                self._limit(lower, f"{REPROBE_STEPS} plain steps: verifies from matches of {lower}+ tokens again")
         if seconds is not None:
             self.plain_seen += 1
             self.plain_costs.append(seconds)
@@ -148,6 +178,7 @@ class DepthController:
         """A verify step of `drafted` tokens (`rows` computed, padding included) kept `accepted` of them."""
         self.steps += 1
         self._learn(drafted, accepted)
+        self.yields.append((accepted + 1, verify_s))
         self.draft_costs.append(draft_s / drafted)
         if self.plain_costs:
             extra = max(verify_s - median(self.plain_costs), 0.0)
@@ -210,6 +241,9 @@ class DepthController:
 
     def _judge(self) -> None:
         self.until_judged = WARMUP_STEPS
+        if self.resident:
+            self._judge_yield()
+            return
         fastest, best, options = self._options(self.max_depth if self.padded else min(self.depth + 1, self.max_depth))
         if options[fastest] < 1.0:
             self._switch_off(fastest, options[fastest])
@@ -219,6 +253,37 @@ class DepthController:
                 if best != fastest else ""
             self._decide(best, f"k {self.depth}→{best}: est. speed-up {options[best]:.2f}×{kept} "
                                f"(k={self.depth}: {options[self.depth]:.2f}×)")
+
+    def _judge_yield(self) -> None:
+        """Resident steps: the device chooses each step and its shape where a match is, so the controller judges
+        what the verifies emitted per second against plain steps — by the match they were drafted from (a verify
+        from a one-token match pays on some texts and not on others; acceptance by position, averaged over matches of
+        every length, says nothing about the next one) — and no depth (the device picks each shape). A match length
+        whose verifies lose raises the least match a verify needs above it; when the recent verifies lose as a whole,
+        speculation is off."""
+        plain, least = median(self.plain_costs), 1
+        for start, above in zip(MATCH_BUCKETS, MATCH_BUCKETS[1:] + (self.max_depth + 2,)):
+            seen = self.matches[start]
+            if len(seen) >= BUCKET_MIN and _rate(seen) * plain < 1.0:
+                least = above
+        if least != self.least:
+            self._limit(least, f"verifies from matches of {least}+ tokens (shorter ones emitted fewer tokens per "
+                               f"second than plain steps)")
+        if len(self.yields) < YIELD_MIN or _rate(self.yields) * plain >= 1.0:
+            return
+        tokens, seconds = (sum(column) for column in zip(*self.yields))
+        self.off = True
+        self.cooldown, self.next_cooldown = self.next_cooldown, min(2 * self.next_cooldown, MAX_COOLDOWN)
+        steps = len(self.yields)
+        self._decide(0, f"resident verifies: {tokens / steps:.2f} tok/step at {seconds / steps * 1e3:.2f} ms against "
+                        f"a plain step's {plain * 1e3:.2f} ms (est. {tokens * plain / seconds:.2f}×): speculation off "
+                        f"for {self.cooldown} steps, or until shadow drafts pay")
+        self._reset_estimates()
+        self.yields.clear()
+
+    def _limit(self, least: int, reason: str) -> None:
+        self.least, self.plain_since = least, 0
+        self.decisions.append(Decision(self.steps, self.depth, reason))
 
     def ceiling(self) -> float:
         """The best speed-up any k could reach were every draft accepted (E(k) = k + 1) at the measured costs."""

@@ -38,7 +38,7 @@ class SpeculativeDecoder:
     run since `reset_total` (what an A/B's timed runs did)."""
 
     def __init__(self, speculation: Speculation, drafter: Drafter, queue_ahead: bool = False) -> None:
-        """`queue_ahead` (`one_sync`): verifies run resident where the runner and the sampler allow (resident.py)."""
+        """`queue_ahead` (`one_sync`): steps run resident where the runner and the sampler allow (resident.py)."""
         self.speculation, self.drafter, self.queue_ahead = speculation, drafter, queue_ahead
         self.stats = SpecStats(speculation.source_text)
         self.controller = DepthController(speculation.depth)
@@ -85,7 +85,7 @@ class SpeculativeDecoder:
             self.controller.carry_over(earlier)
         self.measured = runner
         self.drafter.reset(runner, start + count)
-        resident = self._resident(runner, sampler)
+        resident = self.controller.resident = self._resident(runner, sampler)
         if runner.pads_verify:  # every graph this run may replay captured now, not inside the run
             runner.prepare_steps(start, start + count, self.shapes(runner),
                                  self.speculation.lookback if resident else 0)
@@ -96,15 +96,14 @@ class SpeculativeDecoder:
         yield context[-1]
         try:
             while len(context) < start + count:
-                if resident:  # verifies queued ahead on the device while the drafter has something to draft, then
-                    # plain steps until it has again (the run ends where it had nothing: no second draft asked)
-                    rows = self.resident_rows(runner, context, start + count, sampler)
-                    if rows:
-                        yield from resident_run(self, runner, context, start + count, rows, sampler)
+                if resident:  # while speculation is on, steps queued ahead on the device, each choosing there
+                    # between a plain step and a verify; while it is off, plain steps (host-fed, with shadows)
+                    if self.depth(runner, context, start + count):
+                        yield from resident_run(self, runner, context, start + count)
                     if len(context) < start + count:
                         yield from self._plain_run(runner, context, start + count, sampler)
                     continue
-                k = self._depth(runner, context, start + count)
+                k = self.depth(runner, context, start + count)
                 emitted = self.step(runner, context, k, sampler) if k else None
                 if emitted is None:  # drafting off, or nothing to draft: plain steps until there is
                     yield from self._plain_run(runner, context, start + count, sampler)
@@ -117,26 +116,25 @@ class SpeculativeDecoder:
             self.total.merge(self.stats)
 
     def _resident(self, runner: "Steps", sampler: "Sampler") -> bool:
-        """Verifies run resident: asked for (`one_sync`), a runner that can, a lookup drafter (the device drafts as
-        it does) drafting one sequence, and greedy sampling of the raw logits (the device accepts by argmax)."""
+        """Steps run resident: asked for (`one_sync`), a runner that can, a lookup drafter (the device drafts as it
+        does) drafting one sequence, and greedy sampling of the raw logits (the device accepts by argmax)."""
         return (self.queue_ahead and runner.resident and self.shadows and not self.speculation.tree
                 and sampler.argmax_only)
 
-    def resident_rows(self, runner: "Steps", context: list[int], end: int, sampler: "Sampler") -> int:
-        """The rows of the next resident verify after `context`, 0 for none: the controller's depth, and the host
-        drafter's call on whether to draft there and how far (its draft's padded shape; the device drafts its own)."""
-        k = self._depth(runner, context, end)
-        draft = self.drafter.draft(context, k, sampler) if k else None
-        return self.rows(runner, draft.size) if draft is not None else 0
-
-    def record_verify(self, runner: "Steps", rows: int, accepted: int, seconds: float) -> None:
-        """A resident verify of `rows` rows (rows - 1 drafted on the device) kept `accepted` drafts in `seconds`."""
+    def record_step(self, runner: "Steps", rows: int, accepted: int, seconds: float, matched: int = 0) -> None:
+        """A resident step of `rows` rows — 1: a plain step; else a verify of rows - 1 drafts, drafted on the device
+        from a match of `matched` tokens — kept `accepted` drafts in `seconds`."""
+        if rows == 1:
+            self.stats.record_plain(seconds)
+            self.controller.observe_plain(seconds)
+            return
         self.stats.record_verify(rows - 1, accepted, 0.0, seconds)
+        self.controller.observe_match(matched, accepted + 1, seconds)
         self.controller.observe_verify(rows - 1, accepted, 0.0, seconds, rows)
         runner.counters[SPEC_COUNTER] += 1
         self.shadow.clear()  # a verify measured acceptance itself
 
-    def _depth(self, runner: "Steps", context: list[int], end: int) -> int:
+    def depth(self, runner: "Steps", context: list[int], end: int) -> int:
         """The next step's k: the controller's, no more than fit before `end`, 0 where a padded verify would pass
         the cache (a step emits at most k+1 tokens and writes positions up to len(context)-1+k)."""
         k = min(self.controller.next_depth(), end - len(context) - 1)

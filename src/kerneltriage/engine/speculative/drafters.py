@@ -15,6 +15,7 @@ from kerneltriage.engine.speculative.config import Speculation, check_same_vocab
 from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
 from kerneltriage.engine.speculative.draft import Draft, Drafter
 from kerneltriage.engine.speculative.lookup import lookup_drafter
+from kerneltriage.engine.speculative.resident import RESIDENT_SLACK
 
 # (the draft model, tokens to feed, their first position, k, the sampler) → k drafted tokens
 DraftFn = Callable[[Any, list[int], int, int, Any], Draft]
@@ -75,9 +76,10 @@ def build_drafter(speculation: Speculation, runner: Any, self_drafter: Callable[
 
 def install(runner: Any, speculation: Speculation, drafter: Drafter, slack: int = 0) -> SpeculativeDecoder:
     """The decoder as `runner`'s token loop, with cache room past the end for the deepest verify (or `slack`);
-    with `one_sync` its verifies are queued ahead where they can run resident (resident.py)."""
+    with `one_sync` its steps are queued ahead where they can run resident (resident.py), with room for them."""
     decoder = SpeculativeDecoder(speculation, drafter, queue_ahead=runner.run_config.has(ONE_SYNC))
-    runner.cache_slack = max(runner.cache_slack, decoder.deepest(runner), slack)
+    resident = decoder.queue_ahead and getattr(runner, "resident", False)
+    runner.cache_slack = max(runner.cache_slack, decoder.deepest(runner), slack, RESIDENT_SLACK if resident else 0)
     runner.token_loop = decoder
     runner.speculation = decoder
     return decoder

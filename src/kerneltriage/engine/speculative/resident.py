@@ -1,19 +1,21 @@
-"""Speculation's verify steps queued ahead of the host: `--levers …,one_sync --spec ngram|suffix` on a runner whose
-verifies can run resident (CUDA graphs: backends/torch/resident.py), at temperature 0.
+"""Speculative steps queued ahead of the host: `--levers …,one_sync --spec ngram|suffix` on a runner whose steps can
+run resident (CUDA graphs: backends/torch/resident.py), at temperature 0.
 
-A host-fed verify step is a round trip: the device verifies, the host reads the rows' argmaxes, accepts, drafts
-the next tokens and feeds them, and only then does the device start the next verify — on the H200 ~100-170 µs of
-every ~800 µs verify step, and more wherever the host's own pace slows (verify_host_probe.py). Resident, the device
-keeps its own copy of the text and each verify drafts from it (the latest longest earlier match of its suffix),
-verifies and accepts greedily there; behind a verify that accepted every draft (a copy in progress), the host
-queues the next before it waits for the last one's tokens, so the device goes from verify to verify without
-waiting (`one_sync`'s order of events).
+A host-fed speculative step is a round trip: the device verifies, the host reads the rows' argmaxes, accepts,
+decides and drafts the next step and feeds it, and only then does the device start it — on the H200 ~0.15 plain
+steps of waiting at every such turn, more wherever the host's own pace slows (verify_host_probe.py); and a
+pipelined plain run finds a draft one token late (the next plain step was queued before the token that made it was
+read). Resident, the device keeps its own copy of the text and each step drafts from it (the latest longest
+earlier match of its suffix), chooses there between a plain step and a verify by the suffix drafter's rule
+(lookup_draft.draft), runs it and accepts greedily. Every step emits at least one token of plain greedy decoding's
+text, so none is wasted: the host keeps AHEAD + 1 of them queued and only reads what they emitted, recording each
+in the stats and the depth controller. The controller sets the device's limits: the widest verify (its k) and the
+least match length a verify needs (the shortest whose verifies have emitted tokens faster than plain steps on this
+text: controller.DepthController.least); when verifies of every length lose, it switches speculation off, the run
+drains and plain steps follow, host-fed with shadow drafts, until it switches back on.
 
-What the host decides, it decides from the text read so far: whether a verify follows (the controller's depth, and
-the host drafter's call — no recurring suffix, no verify: plain steps follow, host-fed and pipelined as before) and
-at which padded shape (how far the host drafter would draft). The tokens are plain greedy decoding's whatever it
-decides (every verify's acceptance is `greedy_accept`'s rule), so a late decision costs time, not exactness: a
-verify queued behind one that ended the copy emits one token, as a plain step would, at a verify's price.
+The tokens are plain greedy decoding's whatever the device chooses (every step's acceptance is `greedy_accept`'s
+rule); the choice costs time, not exactness.
 """
 
 from __future__ import annotations
@@ -22,49 +24,68 @@ from collections import deque
 from typing import TYPE_CHECKING, Iterator
 
 from kerneltriage.engine.decoding import ONE_SYNC
+from kerneltriage.engine.speculative.config import VERIFY_BUCKETS
+from kerneltriage.engine.speculative.suffix import LONG_MATCH
 
 if TYPE_CHECKING:
-    from kerneltriage.engine.backend import Queued, Sampler, Steps
+    from kerneltriage.engine.backend import Queued, Steps
     from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
 
-AHEAD = 1  # resident verifies queued beyond the one the host waits for, behind one that accepted every draft
+AHEAD = 1  # resident steps queued beyond the one the host waits for
+CHOICES = (1, *VERIFY_BUCKETS)  # a resident step's rows by the device's choice: a plain step, then the verify shapes
+WIDEST = CHOICES[-1]  # the rows a resident step may compute at most
+RESIDENT_SLACK = (AHEAD + 1) * WIDEST  # cache room past a run's end: the steps in flight may write up to there
 
 
-def resident_run(decoder: "SpeculativeDecoder", runner: "Steps", context: list[int], end: int, rows: int,
-                 sampler: "Sampler") -> Iterator[int]:
-    """Resident verifies after `context` (extended in place), the first of `rows` rows, until the host's drafter or
-    the controller stops drafting, the text reaches `end` tokens, or the cache's end; every verify queued is read
-    before this returns (but where the caller closes it early). A verify's cost is the time between two results
-    arriving: the device's pace.
+def widest(k: int) -> int:
+    """The widest verify the device may choose under a depth of k (config.VERIFY_BUCKETS' index + 1; 0: plain steps
+    only): the shape a draft of k is padded to."""
+    return 0 if k <= 0 else next((i + 1 for i, rows in enumerate(VERIFY_BUCKETS) if rows > k), len(VERIFY_BUCKETS))
 
-    A verify is queued blind (before the one in flight is read) only behind one that accepted every draft: the copy
-    ran past its draft and likely goes on. Behind a partial acceptance the copy just broke, and a blind verify is
-    mostly wasted: queued behind every verify but a run's first, it made repetitive 2.5% slower than host-fed
-    verifies on the H200 (0.975× [0.972, 0.981], copy_heavy 1.075×, spec-*-h200-resident-vs-host-lag-all-2.json).
-    Nor is a verify queued that the ones in flight may make unnecessary (they emit up to their rows each)."""
+
+def device_choice(text: list[int], lookback: int, limits: tuple[int, int]) -> tuple[int, int]:
+    """(choice, matched): what a resident step after `text` chooses (kernels/lookup_draft.draft, on the host: the
+    replay models it, the tests check the kernel against it) — the latest longest earlier match of the text's suffix
+    up to `lookback` tokens; the widest verify from LONG_MATCH tokens, the narrower from 2, or from 1 where every
+    earlier occurrence of the last token went on the same way, else a plain step (0); a plain step below a match of
+    `least` tokens, and no wider than `widest`: limits = (widest, least)."""
+    last, matched = len(text) - 1, 0
+    for end in range(last):
+        length = 0
+        while length < min(lookback, end + 1) and text[end - length] == text[last - length]:
+            length += 1
+        matched = max(matched, length)
+    after = {text[end + 1] for end in range(last) if text[end] == text[last]}
+    choice = 2 if matched >= LONG_MATCH else 1 if matched >= 2 or (matched == 1 and len(after) == 1) else 0
+    cap, least = limits
+    return min(choice if matched >= least else 0, cap), matched
+
+
+def resident_run(decoder: "SpeculativeDecoder", runner: "Steps", context: list[int], end: int) -> Iterator[int]:
+    """Resident steps after `context` (extended in place) until the controller switches speculation off, the text
+    reaches `end` tokens, or the cache's end; every step queued is read before this returns (but where the caller
+    closes it early). A step's cost is the time between two results arriving: the device's pace."""
     runner.begin_resident(context, decoder.speculation.lookback)
-    queued: deque[tuple[int, "Queued"]] = deque()
-    last, ahead = decoder.host_clock(), 0
+    queued: deque["Queued"] = deque()
+    last = decoder.host_clock()
     try:
         while True:
-            flight = sum(r for r, _ in queued)  # tokens the verifies in flight may still emit
-            reach = len(context) - 1 + flight + rows  # past the last position this one may write
-            if rows and len(queued) <= ahead and len(context) + flight < end and reach <= runner.cache_capacity:
-                queued.append((rows, runner.queue_verify(rows, reach)))
+            cap = widest(decoder.depth(runner, context, end))
+            reach = len(context) - 1 + (len(queued) + 1) * WIDEST  # past the last position this one may write
+            # each step in flight emits a token at least: queue while the text may still be short of `end`
+            if cap and len(queued) <= AHEAD and len(context) + len(queued) < end and reach <= runner.cache_capacity:
+                queued.append(runner.queue_step(reach, (cap, decoder.controller.least)))
                 runner.counters[ONE_SYNC] += 1
                 continue
             if not queued:
                 return
-            done, pending = queued.popleft()
-            tokens = pending.result()[0]
+            tokens, matched, rows = queued.popleft().result()
             emitted = tokens[:end - len(context)]  # one queued near the end may pass it
             now = decoder.host_clock()
             if emitted:
-                decoder.record_verify(runner, done, len(emitted) - 1, now - last)
+                decoder.record_step(runner, rows, len(emitted) - 1, now - last, matched)
             last = now
             context += emitted
             yield from emitted
-            rows = decoder.resident_rows(runner, context, end, sampler)  # 0: queue no more
-            ahead = AHEAD if len(tokens) == done else 0  # every draft accepted (and the bonus token)
-    finally:  # what was read is the device's text too (a verify still queued writes only past it)
+    finally:  # what was read is the device's text too (a step still queued writes only past it)
         runner.trim_cache(len(context) - 1)
