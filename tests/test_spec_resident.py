@@ -222,7 +222,8 @@ def test_a_capture_at_the_caches_end_runs_every_warm_up_from_the_same_text_end(e
 def test_the_controller_limits_resident_verifies_by_the_match_lengths_that_pay() -> None:
     """Resident steps: verifies from a match length that emit fewer tokens per second than plain steps raise the
     least match the device needs above it, plain steps bring it back down a bucket (to try again), and verifies that
-    lose as a whole switch speculation off; the depth is left alone (the device picks each shape)."""
+    lose as a whole switch speculation off; the depth is left alone (the device picks each shape); the next prompt on
+    the runner starts from what paid."""
     from kerneltriage.engine.speculative.controller import REPROBE_STEPS, WARMUP_STEPS, YIELD_MIN, DepthController
 
     def controller() -> DepthController:
@@ -241,6 +242,9 @@ def test_the_controller_limits_resident_verifies_by_the_match_lengths_that_pay()
         verify(mixed, 1, 1, 1.3)  # a one-token match: nothing accepted, 1.3 s
         verify(mixed, 9, 10, 1.5)  # a long match: 9 accepted
     assert mixed.least == 2 and not mixed.off and mixed.depth == 31
+    following = DepthController(None, 31, padded=True)
+    following.carry_over(mixed)  # the next prompt on the runner: which match lengths paid goes on
+    assert following.least == 2 and len(following.matches[1]) == 3
     for _ in range(REPROBE_STEPS):
         mixed.observe_plain(1.0)
     assert mixed.least == 1

@@ -24,7 +24,7 @@ YIELD_WINDOW = 16  # resident: the recent verify steps whose tokens per second j
 YIELD_MIN = 8  # resident: verify steps seen in a run before they are judged
 MATCH_BUCKETS = (1, 2, 3, 4, LONG_MATCH)  # resident: match lengths from which verifies are judged apart
 BUCKET_MIN = 3  # resident: verifies from a bucket's matches seen before it is judged
-REPROBE_STEPS = 32  # resident: plain steps after which the least match a verify needs comes down a bucket
+REPROBE_STEPS = 128  # resident: plain steps after which the least match a verify needs comes down a bucket
 SHADOW_PRIOR = 0.5  # hits and misses added at each position when shadows judge (1, Laplace's, outweighed what the
 # deep positions see — ~5 decayed counts at most — and kept a 6-plain-step verify off on text that would pay 2×)
 
@@ -102,6 +102,9 @@ class DepthController:
             self.shape_costs[rows] = deque(costs, maxlen=COST_WINDOW)
         self.plain_seen = min(earlier.plain_seen, CALIBRATION_STEPS)
         self.off, self.cooldown, self.next_cooldown = earlier.off, earlier.cooldown, earlier.next_cooldown
+        for start, seen in earlier.matches.items():  # which match lengths paid: the same model and domain
+            self.matches[start].extend(seen)
+        self.least, self.plain_since = earlier.least, earlier.plain_since
 
     def _reset_estimates(self) -> None:
         """Acceptance starts afresh (the text may have changed); measured costs are kept."""
