@@ -9,6 +9,9 @@ them. This probe captures one graph with a SWITCH node of two bodies (a plain st
 around the fused set's Triton kernels and times its replays against the plain and verify graphs alone.
 
     python3 benchmarks/cond_step_probe.py --out cond-step.json
+
+benchmarks/results/cond-step-smollm2-preset-h200.json came from its first version, which built the same SWITCH node
+inline (the code that became backends/torch/graph_switch.py, used here since).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import statistics
 
 import torch
 
+from kerneltriage.backends.torch import graph_switch
 from kerneltriage.backends.torch.backend import BACKEND
 from kerneltriage.core.environment import capture_environment
 from kerneltriage.engine.configuration import RunConfig
@@ -27,52 +31,6 @@ from kerneltriage.engine.sources import load_checkpoint
 from verify_tiles_probe import FUSED, POSITION, queued_us
 
 ROUNDS, ITERS = 7, 200
-
-
-SET_SWITCH = r"""
-extern "C" __global__ void set_switch(cudaGraphConditionalHandle handle, const int* choice) {
-    cudaGraphSetConditional(handle, (unsigned int) *choice);
-}
-"""
-
-
-def _ok(found):  # noqa: ANN001, ANN202
-    """cuda.bindings returns (error, values…): the values, or an exception naming the error."""
-    error, *values = found if isinstance(found, tuple) else (found,)
-    if int(error) != 0:
-        raise RuntimeError(f"CUDA: {error}")
-    return values[0] if len(values) == 1 else values
-
-
-def conditional_graph(choice: torch.Tensor, children: list) -> torch.cuda.CUDAGraph:
-    """A graph captured by torch whose middle is added by hand: a kernel that sets a SWITCH node's value from
-    `choice` (int32 on the device), then the SWITCH node, body n a clone of children[n] (torch graphs kept as
-    cudaGraph_t): body `choice` runs, none when it is out of range."""
-    import cupy
-    from cuda.bindings import runtime as rt
-
-    kernel = cupy.RawKernel(SET_SWITCH, "set_switch", backend="nvcc", options=("-arch=sm_90",))
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        handle = rt.cudaStream_t(init_value=stream.cuda_stream)
-        _, _, capturing, _, _, _ = _ok(rt.cudaStreamGetCaptureInfo(handle))
-        condition = _ok(rt.cudaGraphConditionalHandleCreate(capturing, 0, 0))
-        with cupy.cuda.ExternalStream(stream.cuda_stream):
-            kernel((1,), (1,), (cupy.uint64(int(condition)), cupy.uint64(choice.data_ptr())))
-        _, _, capturing, deps, edges, count = _ok(rt.cudaStreamGetCaptureInfo(handle))
-        params = rt.cudaGraphNodeParams()
-        params.type = rt.cudaGraphNodeType.cudaGraphNodeTypeConditional
-        params.conditional.handle = condition
-        params.conditional.type = rt.cudaGraphConditionalNodeType.cudaGraphCondTypeSwitch
-        params.conditional.size = len(children)
-        node = _ok(rt.cudaGraphAddNode(capturing, deps, edges, count, params))
-        for index, child in enumerate(children):
-            body = params.conditional.phGraph_out[index]
-            _ok(rt.cudaGraphAddChildGraphNode(body, None, 0, rt.cudaGraph_t(init_value=child.raw_cuda_graph())))
-        _ok(rt.cudaStreamUpdateCaptureDependencies(
-            handle, [node], None, 1, rt.cudaStreamUpdateCaptureDependenciesFlags.cudaStreamSetCaptureDependencies))
-    return graph
 
 
 def main() -> None:
@@ -104,23 +62,14 @@ def main() -> None:
         out[:1].fill_(len(best))
 
     from kerneltriage.backends.torch.accelerate import _capturable_attention
+    from kerneltriage.backends.torch.cudagraph import capture
     cache.position.fill_(POSITION)
     cache.window = runner.decode_step.window(cache, POSITION + 16)
     try:
         with _capturable_attention():
-            children = []
-            for index in range(2):  # each body its own torch graph (its own pool), kept as a cudaGraph_t
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    body(index)
-                    body(index)
-                torch.cuda.current_stream().wait_stream(side)
-                child = torch.cuda.CUDAGraph(keep_graph=True)
-                with torch.cuda.graph(child):
-                    body(index)
-                children.append(child)
-            graph = conditional_graph(choice, children)
+            # each body its own torch graph (its own pool), kept as a cudaGraph_t
+            children = [capture(lambda index=index: body(index), 2, keep_graph=True)[0] for index in range(2)]
+            graph = graph_switch.switch_graph(lambda: None, choice, children)
     finally:
         cache.window = None
     found = result["checks"] = {}

@@ -252,7 +252,7 @@ def main() -> None:
         parser.error(f"--resident {args.resident}: {exc} is not ROWS:COST for each of the padded shapes "
                      f"{','.join(map(str, VERIFY_BUCKETS))}")
     if resident and args.eager:
-        parser.error("--resident with --eager: resident verifies are graphed (padded); drop one")
+        parser.error("--resident with --eager: resident steps are graphed (padded); drop one")
     sets = args.sets.split(",")
     unknown = [name for name in sets if not (PROMPTS / f"{name}.jsonl").is_file()]
     if unknown:

@@ -21,12 +21,12 @@
 #   spec            suffix speculation vs the fused set on the four prompt sets and the held-out one (needs the model)
 #   spec-shapes     ab of suffix:15 (one 16-row verify shape) against suffix (16 and 32 rows) on two sets
 #   spec-gpu-tests  tests/test_gpu.py's speculation tests (graphed verifies, both padded shapes; needs the model)
-#   cond-probe      one graph choosing a plain step or a 16-row verify through CUDA IF nodes (no model needed)
+#   cond-probe      one graph choosing a plain step or a 16-row verify through a CUDA SWITCH node (no model needed)
 #   host-pace       the host's pace round by round in one process, by default, pinned to a core, without the GC
-#   resident-tests  resident verifies' tests on the GPU (tiny models; the real model's with both parts)
-#   resident-profile  spec_profile.py with one_sync (resident verifies) on repetitive and open_ended
-#   resident-ab     host-fed against resident verifies (the fused set without and with one_sync) on two sets
-#   resident        the fused set against it + spec=suffix (resident verifies), every prompt set; resident-float32
+#   resident-tests  resident steps' tests on the GPU (tiny models; the real model's with both parts)
+#   resident-profile  spec_profile.py with one_sync (resident steps) on repetitive and open_ended
+#   resident-ab     host-fed against resident steps (the fused set without and with one_sync) on two sets
+#   resident        the fused set against it + spec=suffix (resident steps), every prompt set; resident-float32
 #                   the same in float32 on two sets (tokens identical)
 #   spec-float32    suffix speculation in float32 on repetitive and copy_heavy (exactness: identical tokens)
 #   ngram           n-gram lookup speculation on open_ended, repetitive, copy_heavy
@@ -147,7 +147,7 @@ case "$1" in
       flag=(); [ $v != default ] && flag=(--$v)
       step 60 python3 benchmarks/host_pace_probe.py "${flag[@]}" --out "$OUT/host-pace-$v-$n.json" > /dev/null
     done; done ;;
-  resident-tests)  # resident verifies: the draft and acceptance kernels compiled, tiny models in captured graphs
+  resident-tests)  # resident steps: the draft and acceptance kernels compiled, tiny models in SWITCH graphs
     # (no model needed), then the real model's greedy tokens through them (needs the model)
     step 200 python3 -m pytest -q tests/test_spec_resident.py > "$OUT/gpu-resident-h200.txt" 2>&1
     [ -f "$KERNELTRIAGE_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf" ] && \
@@ -163,7 +163,7 @@ case "$1" in
         --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r 5 --output json --ledger "$L" \
         > "$OUT/spec-$set-h200-resident-vs-host${TAG:+-$TAG}.json"
     done ;;
-  resident)  # issue 14's table with resident verifies: the best plain set, and the same set + spec=suffix
+  resident)  # issue 14's table with resident steps: the best plain set, and the same set + spec=suffix
     for set in ${SETS:-repetitive copy_heavy copy_heavy_holdout summarize open_ended}; do
       step 150 "${kt[@]}" ab --a "levers=$FUSED" --b "levers=$FUSED;spec=suffix" \
         --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r 5 --output json --ledger "$L" \

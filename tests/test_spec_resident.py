@@ -233,9 +233,9 @@ def test_the_controller_limits_resident_verifies_by_the_match_lengths_that_pay()
             made.observe_plain(1.0)  # a plain step: one token a second
         return made
 
-    def verify(made: DepthController, matched: int, tokens: int, seconds: float) -> None:
+    def verify(made: DepthController, matched: int, tokens: int, seconds: float, rows: int = 16) -> None:
         made.observe_match(matched, tokens, seconds)
-        made.observe_verify(15, tokens - 1, 0.0, seconds, 16)
+        made.observe_verify(rows - 1, tokens - 1, 0.0, seconds, rows)
 
     mixed = controller()
     for _ in range(3):
@@ -249,9 +249,14 @@ def test_the_controller_limits_resident_verifies_by_the_match_lengths_that_pay()
         mixed.observe_plain(1.0)
     assert mixed.least == 1
     losing = controller()
-    for _ in range(YIELD_MIN + WARMUP_STEPS):  # (judged every WARMUP_STEPS verifies)
-        verify(losing, 2, 1, 1.3)
+    for _ in range(YIELD_MIN + WARMUP_STEPS):  # (judged every WARMUP_STEPS verifies) 16 rows cheap, 32 dear
+        verify(losing, 2, 1, 1.1)
+        verify(losing, 2, 1, 3.0, rows=32)
     assert losing.off and losing.least == 3 and losing.next_depth() == 0
+    for _ in range(3):  # shadow drafts that would have been accepted: back on, at the deepest k (the device picks
+        for position in range(4):  # each step's shape within it; a shallower one would forbid its long verifies)
+            losing.observe_shadow(position, True)
+    assert not losing.off and losing.next_depth() == 31
 
 
 def test_every_window_a_run_reaches_is_captured_before_it() -> None:

@@ -43,10 +43,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--levers", default="", help="comma-separated levers to switch on (listed below), e.g. last_logits,graphs")
     add("--spec", default=None, help=f"speculative decoding: {SPEC_HELP} (suffix:tree: temperature 0 and eager "
-                                     "levers only; ngram/suffix with graphs,one_sync at temperature 0: verifies "
-                                     "drafted and accepted on the device, queued ahead of the host)")
+                                     "levers only; ngram/suffix with graphs,one_sync at temperature 0: steps "
+                                     "drafted on the device, which chooses there a plain step or a verify and "
+                                     "accepts, queued ahead of the host)")
     add("--spec-depth", default=None, help=f"draft tokens per step: 1..{MAX_DEPTH} or auto (default: auto — the cost "
-        f"model picks k ≤ {AUTO_MAX_DEPTH}, ≤ {PADDED_MAX_DEPTH} for a lookup where verifies are graphed)")
+        f"model picks k ≤ {AUTO_MAX_DEPTH}, ≤ {PADDED_MAX_DEPTH} for a lookup where verifies are graphed; steps "
+        "chosen on the device fill the padded shape k needs, and draft only where a match is)")
 
 
 def run_config(args: argparse.Namespace, speculate: bool = True) -> RunConfig:

@@ -20,7 +20,7 @@ def capture(fn: Callable[[], Any], warmups: int, pool: Any = None,
         for _ in range(warmups):
             fn()
     torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph(keep_graph=keep_graph)
+    graph = torch.cuda.CUDAGraph(keep_graph=True) if keep_graph else torch.cuda.CUDAGraph()  # (torch ≥ 2.8 has it)
     with torch.cuda.graph(graph, pool=pool):
         output = fn()
     return graph, output

@@ -50,15 +50,33 @@ SET_SWITCH_PTX = """
 """
 
 
+@functools.lru_cache(maxsize=None)
 def available() -> bool:
-    """Whether switch graphs can be built here: CUDA, and the cuda.bindings package."""
-    if not torch.cuda.is_available():
+    """Whether switch graphs work here: CUDA, torch graphs kept as cudaGraph_t (torch ≥ 2.8), cuda.bindings 13, and a
+    driver whose graphs take SWITCH nodes (CUDA 12.8+) — asked once, by building and replaying a small one."""
+    if not (torch.cuda.is_available() and hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph")):
         return False
     try:
         import cuda.bindings.runtime  # noqa: F401
     except ImportError:
         return False
-    return True
+    try:
+        return _switches()
+    except (RuntimeError, TypeError, ValueError, AttributeError):  # an API or a driver without them
+        return False
+
+
+def _switches() -> bool:
+    """A graph whose value 1 picks the second of two bodies adds 10, not 1."""
+    total, value = torch.zeros(1, device="cuda"), torch.ones((), dtype=torch.int32, device="cuda")
+    bodies = []
+    for step in (1.0, 10.0):
+        body = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.graph(body):
+            total.add_(step)
+        bodies.append(body)
+    switch_graph(lambda: None, value, bodies).replay()
+    return float(total) == 10.0
 
 
 def _ok(found: Any) -> Any:

@@ -28,7 +28,7 @@ AUTO_MAX_DEPTH = 8  # auto grows k no further (an eager verify: its cost grows w
 VERIFY_BUCKETS = (16, 32)
 PADDED_MAX_DEPTH = VERIFY_BUCKETS[-1] - 1
 DEFAULT_NGRAM = 3  # ngram: longest context suffix matched
-RESIDENT_LOOKBACK = 32  # suffix drafted on the device (resident verifies): the longest match it measures, in tokens
+RESIDENT_LOOKBACK = 32  # suffix drafted on the device (resident steps): the longest match it measures, in tokens
 DEFAULT_SUFFIX = MAX_DEPTH  # suffix: most tokens one step drafts (the match's statistics pick fewer)
 SPEC_HELP = "ngram[:N] | suffix[:N] | suffix:tree | selfdraft[:L] | draft:MODEL | eagle[:PATH]"
 TREE_ARG = "tree"  # suffix:tree: the suffix drafter's branches verified as a token tree (greedy only)
@@ -95,7 +95,7 @@ class Speculation:
 
     @property
     def lookback(self) -> int:
-        """The longest suffix a draft made on the device matches (resident verifies): ngram's n, else
+        """The longest suffix a draft made on the device matches (resident steps): ngram's n, else
         RESIDENT_LOOKBACK (beyond it only which earlier occurrence is copied can differ from the host's suffix)."""
         return self.ngram_max if self.source == "ngram" else RESIDENT_LOOKBACK
 

@@ -165,8 +165,9 @@ class DepthController:
         # promised up to 16 tokens per verify — speculation flapped on and off where it loses.
         speedup = self.speedup(self.reach, SHADOW_PRIOR)
         if speedup >= RESUME_SPEEDUP:
-            # padded, a k costs its shape's price: the deepest within the margin; else no deeper than seen
-            best = self._options(self.max_depth)[1] if self.padded else self.reach
+            # padded, a k costs its shape's price: the deepest within the margin; else no deeper than seen; resident,
+            # the device picks each step's shape within k: the deepest (a shallower k would forbid its long verifies)
+            best = self.max_depth if self.resident else self._options(self.max_depth)[1] if self.padded else self.reach
             self.off, self.cooldown = False, 0
             tokens = self.expected_tokens(self.reach, SHADOW_PRIOR)
             self._decide(best, f"shadow drafts: {tokens:.2f} tok/step over {self.reach} positions, est. speed-up "
@@ -181,7 +182,8 @@ class DepthController:
         """A verify step of `drafted` tokens (`rows` computed, padding included) kept `accepted` of them."""
         self.steps += 1
         self._learn(drafted, accepted)
-        self.yields.append((accepted + 1, verify_s))
+        if self.resident:
+            self.yields.append((accepted + 1, verify_s))
         self.draft_costs.append(draft_s / drafted)
         if self.plain_costs:
             extra = max(verify_s - median(self.plain_costs), 0.0)
@@ -265,6 +267,8 @@ class DepthController:
         whose verifies lose raises the least match a verify needs above it; when the recent verifies lose as a whole,
         speculation is off."""
         plain, least = median(self.plain_costs), 1
+        if plain <= 0.0:  # no plain step measured a cost (a clock too coarse): nothing to judge against
+            return
         for start, above in zip(MATCH_BUCKETS, MATCH_BUCKETS[1:] + (self.max_depth + 2,)):
             seen = self.matches[start]
             if len(seen) >= BUCKET_MIN and _rate(seen) * plain < 1.0:

@@ -11,8 +11,8 @@ earlier match of its suffix), chooses there between a plain step and a verify by
 text, so none is wasted: the host keeps AHEAD + 1 of them queued and only reads what they emitted, recording each
 in the stats and the depth controller. The controller sets the device's limits: the widest verify (its k) and the
 least match length a verify needs (the shortest whose verifies have emitted tokens faster than plain steps on this
-text: controller.DepthController.least); when verifies of every length lose, it switches speculation off, the run
-drains and plain steps follow, host-fed with shadow drafts, until it switches back on.
+text: controller.DepthController.least); when the recent verifies lose as a whole, it switches speculation off, the
+run drains and plain steps follow, host-fed with shadow drafts, until it switches back on.
 
 The tokens are plain greedy decoding's whatever the device chooses (every step's acceptance is `greedy_accept`'s
 rule); the choice costs time, not exactness.
