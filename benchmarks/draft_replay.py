@@ -14,7 +14,8 @@ as it does in an A/B's runs.
     python3 benchmarks/draft_replay.py --texts ~/.cache/kerneltriage/replay-texts.json   # greedy texts, once
     python3 benchmarks/draft_replay.py --texts FILE --sources suffix,ngram --verify-costs 16:1.43,32:1.6 --out r.json
 
-The texts come from the CPU in float32 (greedy; an H200 in bf16 writes mostly the same text). --verify-costs: a verify
+The texts come from the CPU in float32 (greedy; an H200 in bf16 writes mostly the same text; --dtype bfloat16 for bf16
+ones: 11 of copy_heavy's 16 continuations and 7 of repetitive's 11 equal the float32 ones). --verify-costs: a verify
 step's cost in plain steps as the loop sees it, for each padded shape (rows): the H200's loop saw a 16-row verify
 step at 1.43 plain steps (spec-profile-repetitive-h200-split.json's verify_ms_mean / plain_ms_mean); a 32-row one
 costs 16% more on the device (verify-rows-smollm2-preset-h200.json), ~1.62 with the host's share.
@@ -174,8 +175,8 @@ def replay(source: str, depth: str | None, texts: list[list[list[int]]], costs: 
             "modelled_speedup": tokens / elapsed}
 
 
-def greedy_texts(model: str, sets: list[str], count: int) -> dict[str, object]:
-    """{"model", "n", "sets": {set: [[prompt tokens, greedy continuation], …]}} from the CPU in float32."""
+def greedy_texts(model: str, sets: list[str], count: int, dtype: str = "float32") -> dict[str, object]:
+    """{"model", "n", "dtype", "sets": {set: [[prompt tokens, greedy continuation], …]}} from the CPU in `dtype`."""
     from kerneltriage.bench.harness import prompts_sample
     from kerneltriage.bench.workloads import load_prompt_set
     from kerneltriage.engine.backend import get_backend
@@ -183,14 +184,13 @@ def greedy_texts(model: str, sets: list[str], count: int) -> dict[str, object]:
     from kerneltriage.engine.sources import load_checkpoint
 
     checkpoint = load_checkpoint(model)
-    runner = get_backend("torch").build(checkpoint, RunConfig.parse("levers=last_logits", "--config"), "cpu",
-                                        "float32")
+    runner = get_backend("torch").build(checkpoint, RunConfig.parse("levers=last_logits", "--config"), "cpu", dtype)
     texts: dict[str, list[list[list[int]]]] = {}
     for name in sets:
         prompts = load_prompt_set(PROMPTS / f"{name}.jsonl", checkpoint.tokenizer).prompts
         texts[name] = [[list(p), list(prompts_sample(runner, [p], count).tokens)] for p in prompts]
         print(f"{name}: {len(prompts)} greedy texts", flush=True)
-    return {"model": model, "n": count, "sets": texts}
+    return {"model": model, "n": count, "dtype": dtype, "sets": texts}
 
 
 def parse_costs(text: str, any_shapes: bool = False) -> dict[int, float]:
@@ -222,6 +222,8 @@ def main() -> None:
     parser.add_argument("--sets", default=",".join(SETS))
     parser.add_argument("-n", type=int, default=64, help="greedy tokens per prompt (default 64, as the H200 runs)")
     parser.add_argument("--texts", required=True, help="the greedy texts' JSON: written when missing, else read")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the dtype the CPU writes "
+                        "missing texts in (default float32; the H200's runs are bf16, whose text differs in places)")
     parser.add_argument("--sources", default="suffix,ngram", help="lookup sources, as --spec takes them")
     parser.add_argument("--depth", default=None, help="as --spec-depth takes it (default auto)")
     parser.add_argument("--verify-costs", default=DEFAULT_COSTS, help="a verify step in plain steps for each padded "
@@ -285,7 +287,7 @@ def load_texts(parser: argparse.ArgumentParser, args: argparse.Namespace, sets: 
     """The greedy texts of `sets`: read from --texts, or written there first."""
     path = Path(args.texts).expanduser()
     if not path.exists():
-        stored = greedy_texts(args.model, sets, args.n)
+        stored = greedy_texts(args.model, sets, args.n, args.dtype)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(stored))
         return stored["sets"]
