@@ -25,6 +25,8 @@
 #   host-pace       the host's pace round by round in one process, by default, pinned to a core, without the GC
 #   resident-tests  resident steps' tests on the GPU (tiny models; the real model's with both parts)
 #   resident-profile  spec_profile.py with one_sync (resident steps) on repetitive and open_ended
+#   resident-trace  every resident step of copy_heavy and repetitive (all prompts) and the texts the device wrote,
+#                   then the replay over those texts (no CPU text in the way)
 #   resident-ab     host-fed against resident steps (the fused set without and with one_sync) on two sets
 #   resident        the fused set against it + spec=suffix (resident steps), every prompt set; resident-float32
 #                   the same in float32 on two sets (tokens identical)
@@ -156,6 +158,14 @@ case "$1" in
     for set in repetitive open_ended; do
       step 150 python3 benchmarks/spec_profile.py --config "levers=${FUSED/,prefill_graphs/};spec=suffix" --set $set \
         --out "$OUT/spec-profile-$set-h200-resident.json" > /dev/null
+    done ;;
+  resident-trace)  # per-step rows, match, seconds and limits of resident runs; the device's own greedy texts replayed
+    for set in copy_heavy repetitive; do
+      step 200 python3 benchmarks/spec_profile.py --config "levers=${FUSED/,prefill_graphs/};spec=suffix" --set $set \
+        --per-set 16 --iters 50 --out "$OUT/spec-trace-$set-h200.json" --texts-out "/tmp/texts-$set.json" > /dev/null
+      step 100 python3 benchmarks/draft_replay.py --texts "/tmp/texts-$set.json" --sets $set --sources suffix \
+        --resident 1:1.02,16:1.29,32:1.63 --verify-costs 16:1.43,32:1.8 --host-gap 0.15 \
+        --out "$OUT/draft-replay-h200-texts-$set.json" > /dev/null
     done ;;
   resident-ab)  # the change itself: host-fed verifies (the decoder's own loop) against resident ones (+ one_sync)
     for set in repetitive copy_heavy; do

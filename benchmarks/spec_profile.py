@@ -117,6 +117,22 @@ def resident(runner, position: int, rows: int, queued) -> dict:  # noqa: ANN001
     return found
 
 
+def trace_steps(decoder, timed: Timed) -> list[dict]:  # noqa: ANN001
+    """Every resident step the decoder records while `timed` is on, in order: its rows (1: plain), the drafts it kept,
+    the match it drafted from, its seconds (between two results arriving), and the controller's limits then (the
+    least match, the depth) — the list filled as the run goes."""
+    steps, record = [], decoder.record_step
+
+    def traced(runner, rows: int, accepted: int, seconds: float, matched: int = 0) -> None:  # noqa: ANN001
+        if timed.on:
+            steps.append({"rows": rows, "accepted": accepted, "us": round(1e6 * seconds, 1), "matched": matched,
+                          "least": decoder.controller.least, "k": decoder.controller.next_depth()})
+        record(runner, rows, accepted, seconds, matched)
+
+    decoder.record_step = traced
+    return steps
+
+
 def kernels(runner, call, calls: int = 20, top: int = 12) -> list[dict]:  # noqa: ANN001
     """The top device kernels of `calls` calls (µs per call, launches per call), from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
@@ -142,6 +158,8 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=64)
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--out", default="spec-profile.json")
+    parser.add_argument("--texts-out", default=None, help="also write the greedy texts this device wrote, as "
+                        "draft_replay.py --texts reads them (replay the device's own text, not the CPU's)")
     args = parser.parse_args()
     backend = get_backend()
     device = backend.resolve_device("auto")
@@ -175,6 +193,7 @@ def main() -> None:
     runner.reset_cache(max(map(len, prompts)) + args.n + 1)
     prompts_sample(runner, prompts, args.n)  # untimed: captures every window and row count
     decoder.reset_total()
+    steps = trace_steps(decoder, timed)
     timed.on = True
     sample = prompts_sample(runner, prompts, args.n)
     timed.on = False
@@ -185,11 +204,16 @@ def main() -> None:
               "calls": timed.report(), "captures_during_timed_run": dict(captures), "spec": stats.brief(),
               "verify_ms_mean": 1e3 * statistics.fmean(stats.verify_seconds) if stats.verify_seconds else None,
               "plain_ms_mean": 1e3 * statistics.fmean(stats.plain_seconds) if stats.plain_seconds else None,
-              "draft_ms_mean": 1e3 * statistics.fmean(stats.draft_seconds) if stats.draft_seconds else None}
+              "draft_ms_mean": 1e3 * statistics.fmean(stats.draft_seconds) if stats.draft_seconds else None,
+              "resident_steps": steps}
     shapes = decoder.shapes(runner) or [decoder.controller.deepest + 1]
     result["alone"] = [alone(runner, args.iters, max(map(len, prompts)), rows) for rows in shapes]
     result["environment"] = capture_environment()
     Path(args.out).write_text(json.dumps(result, indent=2))
+    if args.texts_out:  # greedy: the timed run's tokens again, a prompt at a time
+        texts = [[list(p), list(prompts_sample(runner, [p], args.n).tokens)] for p in prompts]
+        Path(args.texts_out).write_text(json.dumps({"model": args.model, "n": args.n, "dtype": dtype,
+                                                    "device": device, "sets": {args.set: texts}}))
     print(json.dumps({k: v for k, v in result.items() if k != "environment"}, indent=1))
 
 
