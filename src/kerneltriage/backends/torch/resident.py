@@ -149,7 +149,8 @@ class ResidentSteps(GraphedStep):
             self.length.fill_(self.capturing)
 
     def _step(self, model: Model, slot: torch.Tensor, start: int) -> torch.Tensor:
-        """A step with the choice read on the host (off CUDA, or without the SWITCH): draft, then the chosen body."""
+        """A step with the choice read on the host (off CUDA, where a "graph" reruns this: the CPU's tests): draft,
+        then the chosen body."""
         self._warming(slot)
         self._draft(slot)
         return self._body(model, slot, start, int(self.choice))
