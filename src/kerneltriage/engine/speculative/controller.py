@@ -276,9 +276,11 @@ class DepthController:
         if least != self.least:
             self._limit(least, f"verifies from matches of {least}+ tokens (shorter ones emitted fewer tokens per "
                                f"second than plain steps)")
-        if len(self.yields) < YIELD_MIN or _rate(self.yields) * plain >= 1.0:
+        if len(self.yields) < YIELD_MIN:
             return
         tokens, seconds = (sum(column) for column in zip(*self.yields))
+        if tokens * plain >= seconds:
+            return
         self.off = True
         self.cooldown, self.next_cooldown = self.next_cooldown, min(2 * self.next_cooldown, MAX_COOLDOWN)
         steps = len(self.yields)

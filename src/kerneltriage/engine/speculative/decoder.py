@@ -22,7 +22,7 @@ from kerneltriage.engine.speculative.config import (AUTO_MAX_DEPTH, PADDED_MAX_D
                                                     padded_rows)
 from kerneltriage.engine.speculative.controller import DepthController
 from kerneltriage.engine.speculative.draft import Drafter
-from kerneltriage.engine.speculative.resident import WIDEST, resident_run
+from kerneltriage.engine.speculative.resident import resident_run
 from kerneltriage.engine.speculative.shadow import Shadow
 from kerneltriage.engine.speculative.stats import SpecStats
 
@@ -98,9 +98,7 @@ class SpeculativeDecoder:
             while len(context) < start + count:
                 if resident:  # while speculation is on, steps queued ahead on the device, each choosing there
                     # between a plain step and a verify; while it is off, plain steps (host-fed, with shadows)
-                    # (a cache cut short of the steps' reach: host-fed plain steps, not an upload per token)
-                    if self.depth(runner, context, start + count) and \
-                            len(context) - 1 + WIDEST <= runner.cache_capacity:
+                    if self.depth(runner, context, start + count):
                         yield from resident_run(self, runner, context, start + count)
                     if len(context) < start + count:
                         yield from self._plain_run(runner, context, start + count, sampler)

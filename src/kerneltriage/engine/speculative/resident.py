@@ -24,7 +24,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Iterator
 
 from kerneltriage.engine.decoding import ONE_SYNC
-from kerneltriage.engine.speculative.config import VERIFY_BUCKETS
+from kerneltriage.engine.speculative.config import VERIFY_BUCKETS, padded_rows
 from kerneltriage.engine.speculative.suffix import LONG_MATCH
 
 if TYPE_CHECKING:
@@ -38,9 +38,9 @@ RESIDENT_SLACK = (AHEAD + 1) * WIDEST  # cache room past a run's end: the steps 
 
 
 def widest(k: int) -> int:
-    """The widest verify the device may choose under a depth of k (config.VERIFY_BUCKETS' index + 1; 0: plain steps
-    only): the shape a draft of k is padded to."""
-    return 0 if k <= 0 else next((i + 1 for i, rows in enumerate(VERIFY_BUCKETS) if rows > k), len(VERIFY_BUCKETS))
+    """The widest body the device may choose under a depth of k, as CHOICES' index (0: plain steps only): the shape a
+    draft of k is padded to."""
+    return CHOICES.index(padded_rows(k, WIDEST - 1)) if k > 0 else 0
 
 
 def device_choice(text: list[int], lookback: int, limits: tuple[int, int]) -> tuple[int, int]:
@@ -64,7 +64,10 @@ def device_choice(text: list[int], lookback: int, limits: tuple[int, int]) -> tu
 def resident_run(decoder: "SpeculativeDecoder", runner: "Steps", context: list[int], end: int) -> Iterator[int]:
     """Resident steps after `context` (extended in place) until the controller switches speculation off, the text
     reaches `end` tokens, or the cache's end; every step queued is read before this returns (but where the caller
-    closes it early). A step's cost is the time between two results arriving: the device's pace."""
+    closes it early). A step's cost is the time between two results arriving: the device's pace. Nothing is uploaded
+    where the cache cannot hold one step (a context cut short of the steps' reach: the caller steps plainly)."""
+    if len(context) - 1 + WIDEST > runner.cache_capacity:
+        return
     runner.begin_resident(context, decoder.speculation.lookback)
     queued: deque["Queued"] = deque()
     last = decoder.host_clock()
