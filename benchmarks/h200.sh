@@ -114,7 +114,8 @@ case "$1" in
     step 400 python3 benchmarks/verify_tiles_probe.py --out "$OUT/verify-tiles-smollm2-preset-h200-split-gemv.json" ;;
   verify-kernels)  # each kernel's µs in a plain step and 9/16/32-row verifies, and candidates against the verify's
     # extra time (PDL, the L2 prefetch, tl.dot warps, a gathered embedding), interleaved in one process (no model needed)
-    step 300 python3 benchmarks/verify_kernels_probe.py --out "$OUT/verify-kernels-smollm2-preset-h200.json" ;;
+    step 420 python3 benchmarks/verify_kernels_probe.py --out "$OUT/verify-kernels-smollm2-preset-h200${TAG:+-$TAG}.json" \
+      ${CANDS:+--candidates "$CANDS"} ;;
   verify-host)  # the host's share of a graphed verify step, call by call (no model needed)
     step 120 python3 benchmarks/verify_host_probe.py --out "$OUT/verify-host-smollm2-preset-h200.json" ;;
   spec-profile)  # where a verify step's time goes: the decoder's calls on the host, the verify's kernels

@@ -54,6 +54,11 @@ class Candidate(NamedTuple):
 # The per-kernel tables without PDL (…-round0.json: each kernel alone, no overlap) put the 16-row verify's extra
 # ~200 µs in the GEMVs (o_proj + down +76, gate/up +41, q/k/v +45: ~1.3–1.5 µs more per tl.dot launch than per one-row
 # launch), attention +16, the embedding's index_select +9.
+# round 3 (2026-12-02, …-loop.json): instead of tl.dot, the verify rows summed one at a time on the CUDA cores, each as
+#   the one-row GEMV sums (its tiles: 4 columns, the whole K per program; a code variant, removed): at 9 / 16 / 32 rows
+#   1,431 / 1,983 / 1,015 (rows ≤ 16 so; 32: tl.dot) against current 849 / 927 / 1,016, plain 706 (1.97 / 2.73×);
+#   2 or 8 columns per program 1,504 / 2,230 and 1,708 / 2,789; all 32 rows so 4,351. Every row's product repeats the
+#   one-row program's whole work: the one-row launch is not latency alone; each row added ~85–90 µs.
 CANDIDATES = {"current": Candidate(), "no pdl": Candidate(pdl=False), "warps2": Candidate(dot_warps=2),
               "warps1": Candidate(dot_warps=1), "warps8": Candidate(dot_warps=8),
               "split32": Candidate(split_programs=32), "split128": Candidate(split_programs=128),
