@@ -24,7 +24,7 @@ from kerneltriage.engine.sampling import SamplingParams
 from kerneltriage.engine.speculative.config import parse_speculation
 from kerneltriage.engine.speculative.decoder import SPEC_COUNTER
 from kerneltriage.engine.speculative.ngram import NgramIndex
-from kerneltriage.engine.speculative.resident import CHOICES, device_choice, widest
+from kerneltriage.engine.speculative.resident import CHOICES, DONE, device_choice, widest
 from kerneltriage.kernels import lookup_draft
 
 GREEDY = SamplingParams()
@@ -32,6 +32,7 @@ PROMPT = [210, 158, 247, 186, 114, 261] * 2
 NEW = 48
 WEIGHTS = dict(random_weights=True)  # the preset init falls into loops of several tokens: long copies to draft
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+OPEN = 1 << 30  # a run's end no text here reaches
 
 
 def _text(rng: random.Random, size: int) -> list[int]:
@@ -58,29 +59,35 @@ def test_the_device_draft_is_the_ngram_index_proposal_and_its_choice_the_referen
         history[:size] = torch.tensor(text)
         length, tokens = torch.tensor(size, device=DEVICE), torch.zeros((1, rows), dtype=torch.long, device=DEVICE)
         position, matched = (torch.zeros((), dtype=torch.long, device=DEVICE) for _ in range(2))
-        for limits in ((2, 1), (1, 1), (0, 1), (2, 3), (2, 40)):
+        for limits in ((2, 1, OPEN), (1, 1, OPEN), (0, 1, OPEN), (2, 3, OPEN), (2, 40, OPEN), (2, 1, size)):
             choice = torch.tensor(-1, dtype=torch.int32, device=DEVICE)
             allowed = torch.tensor(limits, dtype=torch.int32, device=DEVICE)
-            lookup_draft.draft(history, length, tokens, position, matched, choice, allowed, lookback)
+            out = torch.full((rows + 3,), -1, dtype=torch.long, device=DEVICE)
+            lookup_draft.draft(history, length, tokens, position, matched, choice, allowed, out, lookback)
             index = NgramIndex(lookback)
             index.extend(text)
             expected = index.propose(rows - 1) or text[-1:] * (rows - 1)  # nothing recurs: the last token repeated
             assert tokens[0].tolist() == [text[-1], *expected], (size, text[-40:])
             assert int(position) == size - 1
             assert (int(choice), int(matched)) == device_choice(text, lookback, limits), (size, limits, text[-40:])
+            # the text complete (DONE): no body will run, and the result says nothing was emitted
+            assert out[:3].tolist() == ([0, int(matched), 0] if int(choice) == DONE else [-1, -1, -1])
 
 
 def test_the_choice_follows_the_suffix_drafters_rule() -> None:
     """Plain where nothing recurs or a one-token match went on differently before; the narrower verify from a match
     of 2 (or of one token that always went on the same way); the wider from LONG_MATCH tokens; within the host's
     limits (the widest shape, the least match)."""
-    assert device_choice([5, 6, 7], 32, (2, 1)) == (0, 0)  # nothing recurs
-    assert device_choice([5, 6, 5, 7, 5], 32, (2, 1)) == (0, 1)  # 5 went on as 6 and as 7
-    assert device_choice([5, 6, 9, 5], 32, (2, 1)) == (1, 1)  # 5 always went on as 6
-    assert device_choice([1, 2, 3, 1, 2], 32, (2, 1)) == (1, 2) and device_choice([1, 2, 3, 1, 2], 32, (2, 3))[0] == 0
+    assert device_choice([5, 6, 7], 32, (2, 1, OPEN)) == (0, 0)  # nothing recurs
+    assert device_choice([5, 6, 5, 7, 5], 32, (2, 1, OPEN)) == (0, 1)  # 5 went on as 6 and as 7
+    assert device_choice([5, 6, 9, 5], 32, (2, 1, OPEN)) == (1, 1)  # 5 always went on as 6
+    assert device_choice([1, 2, 3, 1, 2], 32, (2, 1, OPEN)) == (1, 2)
+    assert device_choice([1, 2, 3, 1, 2], 32, (2, 3, OPEN))[0] == 0  # below the least match
     text = list(range(10)) * 2
-    assert device_choice(text, 32, (2, 1)) == (2, 10) and device_choice(text, 32, (1, 1)) == (1, 10)
-    assert device_choice(text, 32, (0, 1)) == (0, 10) and device_choice(text, 4, (2, 1)) == (1, 4)  # lookback caps
+    assert device_choice(text, 32, (2, 1, OPEN)) == (2, 10) and device_choice(text, 32, (1, 1, OPEN)) == (1, 10)
+    assert device_choice(text, 32, (0, 1, OPEN)) == (0, 10)
+    assert device_choice(text, 4, (2, 1, OPEN)) == (1, 4)  # the lookback caps the match
+    assert device_choice(text, 32, (2, 1, len(text))) == (DONE, 10)  # the text has the run's end: no body
     assert [widest(k) for k in (0, 1, 15, 16, 31)] == [0, 1, 1, 2, 2]  # the shape a draft of k is padded to
 
 
@@ -130,7 +137,7 @@ def test_resident_steps_emit_plain_greedy_tokens(expected: list[int], spec: str,
     assert list(generate_step(runner, PROMPT, GREEDY, NEW)) == expected
     stats = decoder.stats
     assert runner.counters[SPEC_COUNTER] == stats.verify_steps == sum(rows > 1 for rows in chosen) > 0
-    assert runner.counters[ONE_SYNC] >= len(chosen)  # every resident step queued, plain or verify (one may pass the end)
+    assert runner.counters[ONE_SYNC] >= len(chosen)  # every step queued, plain or verify (one may find the text done)
     assert stats.verify_tokens + len(stats.plain_seconds) == NEW - 1  # every token once, the prefill's aside
     if depth != "auto":  # a fixed depth k: verifies of k + 1 rows padded to their shape, drafted to it on the device
         assert set(chosen) <= {1, CHOICES[widest(int(depth))]}
@@ -158,7 +165,7 @@ def test_the_device_chooses_plain_steps_and_verifies_in_one_run() -> None:
     chosen = _chosen(decoder)
     assert list(generate_step(runner, PROMPT, GREEDY, 2 * NEW)) == expected
     texts = [PROMPT + expected[:i] for i in range(1, 2 * NEW)]
-    wanted = {CHOICES[device_choice(text, 32, (2, least))[0]] for text in texts for least in (1, 2, 3, 4, 8, 33)}
+    wanted = {CHOICES[device_choice(text, 32, (2, least, OPEN))[0]] for text in texts for least in (1, 2, 3, 4, 8, 33)}
     assert set(chosen) <= wanted and len(chosen) <= runner.counters[ONE_SYNC]
     assert 1 in chosen and (16 in chosen or 32 in chosen), chosen
 
@@ -168,14 +175,15 @@ def test_the_next_step_is_queued_before_the_last_one_is_read() -> None:
     runner, _ = resident_runner()
     events, queue = [], runner.queue_step
 
-    def logged(reach: int, limits: tuple[int, int]):  # noqa: ANN202
+    def logged(reach: int, limits: tuple[int, int, int]):  # noqa: ANN202
         pending = queue(reach, limits)
         events.append("queue")
 
         class Read:
             def result(self):  # noqa: ANN202
-                events.append("read")
-                return pending.result()
+                found = pending.result()
+                events.append("read" if found[2] else "done")  # done: no body ran (rows 0)
+                return found
 
         return Read()
 
@@ -184,7 +192,8 @@ def test_the_next_step_is_queued_before_the_last_one_is_read() -> None:
     # two queued before the first read, then one queued behind each read while the text is short of its end
     assert events[:3] == ["queue", "queue", "read"], events
     assert ("read", "queue", "read", "queue") in set(zip(events, events[1:], events[2:], events[3:])), events
-    assert events.count("queue") == events.count("read") > 2  # each run of steps drained before it ends
+    assert events.count("queue") == events.count("read") + events.count("done") > 2  # each run drained before it ends
+    assert "done" not in events[:-1]  # (a step finds the text complete only at the end)
     assert runner.model.cache.length <= len(PROMPT) + 2 * NEW - 1  # trimmed to the text the host read
 
 
@@ -214,9 +223,29 @@ def test_a_capture_at_the_caches_end_runs_every_warm_up_from_the_same_text_end(e
     runner.prefill(PROMPT, 0)
     text = PROMPT + expected[:1]
     runner.begin_resident(text, 32)
-    emitted, _, rows = runner.queue_step(capacity, (2, 1)).result()  # captured at capacity - 32: warm-ups end there
-    assert emitted and emitted == expected[1:1 + len(emitted)] and rows == CHOICES[device_choice(text, 32, (2, 1))[0]]
+    emitted, _, rows = runner.queue_step(capacity, (2, 1, OPEN)).result()  # captured at capacity - 32: warm-ups end
+    assert emitted and emitted == expected[1:1 + len(emitted)]  # there
+    assert rows == CHOICES[device_choice(text, 32, (2, 1, OPEN))[0]]
     assert int(runner.resident_steps.length) == len(text) + len(emitted)
+
+
+def test_a_step_queued_past_the_runs_end_runs_no_body(expected: list[int]) -> None:
+    """The step queued behind one that may reach the run's end (the host cannot know it will) finds the text
+    complete: it chooses no body (DONE), emits nothing, leaves the text and the cache as they were, and says so."""
+    runner, _ = resident_runner()
+    runner.reset_cache(len(PROMPT) + 100)
+    runner.prefill(PROMPT, 0)
+    text = PROMPT + expected[:1]
+    runner.begin_resident(text, 32)
+    limits = (2, 1, len(text) + 1)  # one token more completes the text
+    emitted, _, rows = runner.queue_step(len(text) + 31, limits).result()
+    assert emitted == expected[1:1 + len(emitted)] and rows >= 1
+    cache = runner.model.cache
+    keys, values = cache.keys.clone(), cache.values.clone()
+    late = runner.queue_step(len(text) + 63, limits).result()
+    assert late[0] == [] and late[2] == 0 and int(runner.resident_steps.choice) == DONE
+    assert int(runner.resident_steps.length) == len(text) + len(emitted)
+    assert torch.equal(cache.keys, keys) and torch.equal(cache.values, values)
 
 
 def test_the_controller_limits_resident_verifies_by_the_match_lengths_that_pay() -> None:

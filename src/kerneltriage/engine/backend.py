@@ -87,12 +87,12 @@ class Steps(Protocol):
         """Where `resident`: the device's copy of the text ← `context`; resident drafts match up to `lookback`
         tokens."""
 
-    def queue_step(self, reach: int, limits: tuple[int, int]) -> Queued:
+    def queue_step(self, reach: int, limits: tuple[int, int, int]) -> Queued:
         """Where `resident`: queue a step that drafts from the device's text and chooses there a plain step or a
-        verify within `limits` = (widest, least): of the padded shapes the widest-th at most (0: plain steps only),
-        from a match of `least` tokens (resident.device_choice has the rule); it runs the step and accepts
-        greedily, appending what it emits; its writes end before position `reach`. Nothing waits for the host
-        between two of them."""
+        verify within `limits` = (widest, least, end): of the padded shapes the widest-th at most (0: plain steps
+        only), from a match of `least` tokens, and nothing once the text has `end` tokens (resident.device_choice
+        has the rule); it runs the step and accepts greedily, appending what it emits; its writes end before
+        position `reach`. Nothing waits for the host between two of them."""
 
     def read_later(self, token: Array) -> Pending:
         """Start copying a device token to the host without waiting for it."""

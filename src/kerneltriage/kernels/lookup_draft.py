@@ -14,7 +14,9 @@ each graphed step (backends/torch/resident.py):
   LONG_MATCH tokens; 1, the narrower one, from a match of 2 or more, or of one token whose every earlier
   occurrence went on with the same token; else 0, a plain step — and, from the host's `limits`, a plain step
   below a match of `least` tokens and no verify wider than the `widest`-th (the depth controller's: which match
-  lengths have paid, and its k).
+  lengths have paid, and its k). Once the text has the run's `end` tokens the choice is DONE, past every body: the
+  step runs none (a SWITCH node past its last body runs nothing) and its result reads [0 emitted, matched, 0 rows]
+  — the step the host queued ahead of the last one costs ~5 µs, not a forward whose tokens nobody reads.
 - `accept` (after the chosen forward, on its rows' argmaxes): greedy acceptance — the drafts kept while each
   equals the argmax of the row before it, then that argmax: exactly plain greedy decoding's tokens
   (`acceptance.greedy_accept`); one row is a plain step (its argmax). Appends every row's argmax to the text
@@ -28,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kerneltriage.engine.speculative.resident import DONE
 from kerneltriage.engine.speculative.suffix import LONG_MATCH
 
 BLOCK = 1024  # candidate match ends scanned per round
@@ -36,8 +39,9 @@ NONE = tl.constexpr(1 << 40)  # above any token id: no one-token match seen yet
 
 
 @triton.jit
-def _draft(history, length_ptr, tokens, position_ptr, matched_ptr, choice_ptr, limits_ptr, ROWS: tl.constexpr,
-           ROWS_P2: tl.constexpr, LOOKBACK: tl.constexpr, BLOCK: tl.constexpr, LONG: tl.constexpr):
+def _draft(history, length_ptr, tokens, position_ptr, matched_ptr, choice_ptr, limits_ptr, out, ROWS: tl.constexpr,
+           ROWS_P2: tl.constexpr, LOOKBACK: tl.constexpr, BLOCK: tl.constexpr, LONG: tl.constexpr,
+           DONE: tl.constexpr):
     last = (tl.load(length_ptr) - 1).to(tl.int32)  # the text's last token: its suffix is matched
     lanes = tl.arange(0, BLOCK)
     best = tl.full((BLOCK,), -1, tl.int64)
@@ -71,8 +75,11 @@ def _draft(history, length_ptr, tokens, position_ptr, matched_ptr, choice_ptr, l
     tl.store(matched_ptr, length)
     agreed = tl.max(high, axis=0) == tl.min(low, axis=0)
     choice = tl.where(length >= LONG, 2, tl.where((length >= 2) | ((length == 1) & agreed), 1, 0))
-    choice = tl.where(length >= tl.load(limits_ptr + 1), choice, 0)
-    tl.store(choice_ptr, tl.minimum(choice, tl.load(limits_ptr)).to(tl.int32))
+    choice = tl.minimum(tl.where(length >= tl.load(limits_ptr + 1), choice, 0), tl.load(limits_ptr))
+    done = last + 1 >= tl.load(limits_ptr + 2)  # the text has reached the run's end: no body runs
+    tl.store(choice_ptr, tl.where(done, DONE, choice).to(tl.int32))
+    head = tl.arange(0, 4)  # and the step's result says so: nothing emitted, no rows
+    tl.store(out + head, tl.where(head == 1, length, 0), mask=done & (head < 3))
 
 
 @triton.jit
@@ -93,14 +100,15 @@ def _accept(history, length_ptr, best_ptr, tokens, matched_ptr, out, ROWS: tl.co
 
 
 def draft(history: torch.Tensor, length: torch.Tensor, tokens: torch.Tensor, position: torch.Tensor,
-          matched: torch.Tensor, choice: torch.Tensor, limits: torch.Tensor, lookback: int) -> None:
+          matched: torch.Tensor, choice: torch.Tensor, limits: torch.Tensor, out: torch.Tensor, lookback: int) -> None:
     """The step's tokens (1, ROWS) from the text: its last token, then what followed the longest earlier match
     of its suffix (≤ `lookback` tokens); `position` ← where the last token goes, `matched` ← the match's length,
-    `choice` ← the step it calls for (0 plain, 1 and 2 the verify shapes) within `limits` = [widest, least].
-    history (S,) long with room for ROWS more; length, position, matched () long; choice () and limits (2,) int32."""
+    `choice` ← the step it calls for (0 plain, 1 and 2 the verify shapes) within `limits` = [widest, least, end],
+    or DONE once the text has `end` tokens, `out`'s head then [0, matched, 0] (`accept` writes it otherwise).
+    history (S,) long with room for ROWS more; length, position, matched () long; choice () and limits (3,) int32."""
     rows = tokens.shape[-1]
-    _draft[(1,)](history, length, tokens, position, matched, choice, limits, ROWS=rows,
-                 ROWS_P2=triton.next_power_of_2(rows), LOOKBACK=lookback, BLOCK=BLOCK, LONG=LONG_MATCH,
+    _draft[(1,)](history, length, tokens, position, matched, choice, limits, out, ROWS=rows,
+                 ROWS_P2=triton.next_power_of_2(rows), LOOKBACK=lookback, BLOCK=BLOCK, LONG=LONG_MATCH, DONE=DONE,
                  num_warps=4)
 
 

@@ -29,7 +29,7 @@ from kerneltriage.backends.torch.accelerate import GRAPH_WARMUPS, GraphedStep, _
 from kerneltriage.backends.torch.cache import StaticKVCache
 from kerneltriage.backends.torch.cudagraph import capture
 from kerneltriage.backends.torch.models import Model
-from kerneltriage.engine.speculative.resident import CHOICES, RESIDENT_SLACK
+from kerneltriage.engine.speculative.resident import CHOICES, DONE, RESIDENT_SLACK
 
 if TYPE_CHECKING:
     from kerneltriage.backends.torch.accelerate import Capture
@@ -77,9 +77,9 @@ class ResidentSteps(GraphedStep):
         self.length: torch.Tensor | None = None  # () its length
         self.matched: torch.Tensor | None = None  # () the last draft's match
         self.choice: torch.Tensor | None = None  # () int32: the body the last draft chose (CHOICES' index)
-        self.limits: torch.Tensor | None = None  # (2,) int32: the widest body the host allows, the least match
+        self.limits: torch.Tensor | None = None  # (3,) int32: the widest body allowed, the least match, the end
         self.out: torch.Tensor | None = None  # (MAX_ROWS + 3,) every body's result
-        self.allowed: tuple[int, int] | None = None  # the host's copy of `limits`
+        self.allowed: tuple[int, int, int] | None = None  # the host's copy of `limits`
         self.capturing: int | None = None  # while a graph is captured: the text's length each warm-up starts from
         self._host: list[tuple[torch.Tensor, torch.cuda.Event]] = []
 
@@ -90,7 +90,7 @@ class ResidentSteps(GraphedStep):
             self.history = torch.zeros(cache.max_len + MAX_ROWS, dtype=torch.long, device=device)  # (S,)
             self.length, self.matched = (torch.zeros((), dtype=torch.long, device=device) for _ in range(2))
             self.choice = torch.zeros((), dtype=torch.int32, device=device)
-            self.limits = torch.zeros(2, dtype=torch.int32, device=device)
+            self.limits = torch.zeros(3, dtype=torch.int32, device=device)
             self.out = torch.zeros(MAX_ROWS + 3, dtype=torch.long, device=device)
             self.allowed = None
         return super().attach(cache)
@@ -114,10 +114,11 @@ class ResidentSteps(GraphedStep):
         RESIDENT_SLACK positions past the text (`rows` aside: every resident graph has MAX_ROWS)."""
         super().prepare(model, start, end + RESIDENT_SLACK - MAX_ROWS, [MAX_ROWS])
 
-    def queue(self, model: Model, reach: int, limits: tuple[int, int]) -> Result:
+    def queue(self, model: Model, reach: int, limits: tuple[int, int, int]) -> Result:
         """Replay a step — plain, or a verify within `limits` (no wider than CHOICES[widest] rows, from a match of
-        `least` tokens) — whose writes end before position `reach` at the latest (the steps queued ahead of it
-        included): it drafts after the device's text, chooses, runs and accepts."""
+        `least` tokens; none once the text has `end` tokens) — whose writes end before position `reach` at the
+        latest (the steps queued ahead of it included): it drafts after the device's text, chooses, runs and
+        accepts."""
         self.attach(model.cache)
         if limits != self.allowed:  # (stream-ordered before the replay; only when they change)
             for index, value in enumerate(limits):
@@ -130,7 +131,7 @@ class ResidentSteps(GraphedStep):
         from kerneltriage.kernels import lookup_draft
 
         lookup_draft.draft(self.history, self.length, slot, self.cache.position, self.matched, self.choice,
-                           self.limits, self.lookback)
+                           self.limits, self.out, self.lookback)
 
     def _body(self, model: Model, slot: torch.Tensor, start: int, choice: int) -> torch.Tensor:
         """The chosen step on the drafted slot (1, MAX_ROWS): its first CHOICES[choice] rows' forward, argmax and
@@ -150,10 +151,11 @@ class ResidentSteps(GraphedStep):
 
     def _step(self, model: Model, slot: torch.Tensor, start: int) -> torch.Tensor:
         """A step with the choice read on the host (off CUDA, where a "graph" reruns this: the CPU's tests): draft,
-        then the chosen body."""
+        then the chosen body (none where the text is complete: DONE)."""
         self._warming(slot)
         self._draft(slot)
-        return self._body(model, slot, start, int(self.choice))
+        choice = int(self.choice)
+        return self.out if choice == DONE else self._body(model, slot, start, choice)
 
     def _capture(self, model: Model, cache: StaticKVCache, window: int, tokens: torch.Tensor, start: int) -> _Graph:
         """Capture with the device's text ending at `start`: every warm-up drafts, runs and writes the cache from

@@ -195,7 +195,7 @@ class Runner:
         self.resident_steps.begin(self.model, context, lookback)
 
     @torch.inference_mode()
-    def queue_step(self, reach: int, limits: tuple[int, int]) -> "Result":
+    def queue_step(self, reach: int, limits: tuple[int, int, int]) -> "Result":
         return self.resident_steps.queue(self.model, reach, limits)
 
     @torch.inference_mode()
