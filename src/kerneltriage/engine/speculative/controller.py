@@ -24,7 +24,9 @@ YIELD_WINDOW = 16  # resident: the recent verify steps whose tokens per second j
 YIELD_MIN = 8  # resident: verify steps seen in a run before they are judged
 MATCH_BUCKETS = (1, 2, 3, 4, LONG_MATCH)  # resident: match lengths from which verifies are judged apart
 BUCKET_MIN = 3  # resident: verifies from a bucket's matches seen before it is judged
-REPROBE_STEPS = 128  # resident: plain steps after which the least match a verify needs comes down a bucket
+REPROBE_STEPS = 128  # resident: plain steps after which the least match a verify needs comes down a bucket (32
+# instead, H200: copy_heavy 2.99× → 2.75–2.80× and summarize 1.35× → 1.41× on one machine, repetitive 3.26× →
+# 3.33× and held-out 2.01× → 2.01× on two: a trade, not a win; spec-*-h200-suffix-resident-{reprobe128,reprobe32*}.json)
 SHADOW_PRIOR = 0.5  # hits and misses added at each position when shadows judge (1, Laplace's, outweighed what the
 # deep positions see — ~5 decayed counts at most — and kept a 6-plain-step verify off on text that would pay 2×)
 
