@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 from collections import Counter
 from pathlib import Path
@@ -29,6 +31,17 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def frozen_heap() -> None:
+    """What is alive when a test module starts (imported libraries, session fixtures, earlier tests' reports) is
+    frozen out of the cyclic garbage collector: a backend's release() runs gc.collect() after each model it drops,
+    and each full collection walked those long-lived objects again (0.2 s a call, 66 calls in the ab and triage
+    tests alone: 14 s). What the tests create is collected as before; garbage is collected before freezing, as a
+    frozen cycle is never freed."""
+    gc.collect()
+    gc.freeze()
 
 
 def tiny_config(arch: str, **changes: object) -> ModelConfig:
@@ -103,6 +116,42 @@ def default_checkpoint(default_gguf: Path) -> Checkpoint:
     from kerneltriage.engine.sources import load_checkpoint
 
     return load_checkpoint(str(default_gguf))
+
+
+@pytest.fixture(scope="session")
+def default_gguf_reader(default_gguf: Path):  # noqa: ANN201 - a gguf.GGUFReader
+    """gguf-py's reader of the default GGUF, parsed once for the session: a parse costs ~5 s (a Python loop per
+    element of its 49k tokens and 48k merges), and the header test, transformers' model and its tokenizer all read
+    it. Its ~500k objects are frozen out of the garbage collector's walks with the rest (frozen_heap)."""
+    from gguf import GGUFReader
+
+    return GGUFReader(default_gguf)
+
+
+@pytest.fixture(scope="session")
+def hf_gguf(default_gguf: Path, default_gguf_reader):  # noqa: ANN001, ANN201
+    """transformers' loading of the default GGUF, to the same results in less time; a context manager per use.
+    transformers parses the file once per load_gguf_checkpoint (twice for a model, once for a tokenizer): it gets
+    `default_gguf_reader` instead. And it rebuilds gguf-py's tensor-name map, a pure function of (arch, layers),
+    for every submodule (~400 times, 8 s): memoized."""
+    import functools
+
+    import gguf
+
+    original = gguf.GGUFReader
+
+    def reader(path, mode="r"):  # noqa: ANN001, ANN202
+        same = mode == "r" and Path(path).resolve() == default_gguf.resolve()
+        return default_gguf_reader if same else original(path, mode)
+
+    @contextlib.contextmanager
+    def use() -> Iterator[None]:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(gguf, "GGUFReader", reader)
+            patch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
+            yield
+
+    return use
 
 
 def rerun_capture(runner):  # noqa: ANN001, ANN201 - a capture function for GraphedStep

@@ -31,14 +31,21 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str, pr
         assert needle in lines[-1]
 
 
-@pytest.fixture
-def tiny(tmp_path: Path) -> Path:
-    return write_tiny_gguf(tmp_path / "tiny.gguf")
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
 
 
-def test_a_good_tiny_gguf_generates(tiny: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def tiny_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache for the runs that load `tiny`: the first converts its tokenizer, the next read it (the conversion
+    imports transformers: ~3 s a process)."""
+    return tmp_path_factory.mktemp("cache")
+
+
+def test_a_good_tiny_gguf_generates(tiny: Path, tiny_cache: Path) -> None:
     result = kerneltriage("generate", "--model", str(tiny), "--prompt", "hello world", "--max-tokens", "5",
-                          "--device", "cpu", cache=tmp_path / "cache")
+                          "--device", "cpu", cache=tiny_cache)
     assert result.returncode == 0, result.stderr
     assert "decode" in result.stderr and "tok/s" in result.stderr
 
@@ -79,8 +86,8 @@ def test_unknown_preset(tmp_path: Path) -> None:
                           "llama9-70b", "llama3-8b")
 
 
-def test_prompt_longer_than_context(tiny: Path, tmp_path: Path) -> None:
-    result = kerneltriage("generate", "--model", str(tiny), "--prompt", "hello " * CONTEXT, cache=tmp_path)
+def test_prompt_longer_than_context(tiny: Path, tiny_cache: Path) -> None:
+    result = kerneltriage("generate", "--model", str(tiny), "--prompt", "hello " * CONTEXT, cache=tiny_cache)
     assert_one_line_error(result, "prompt", f"context of {CONTEXT}")
 
 
@@ -97,10 +104,13 @@ def test_default_model_not_cached_and_no_network(tmp_path: Path) -> None:
     assert not list((tmp_path / "empty").rglob("*.gguf"))  # nothing half-written
 
 
-def test_every_help_renders(tmp_path: Path) -> None:
-    """--help at the top and on every command (a stray '%' in a help string breaks argparse's rendering)."""
-    from kerneltriage.cli.main import SUBCOMMANDS
+def test_every_help_renders(capsys: pytest.CaptureFixture[str]) -> None:
+    """--help at the top and on every command (a stray '%' in a help string breaks argparse's rendering): in this
+    process, the entry point's main (a process per command cost ~0.4 s each for the same rendering)."""
+    from kerneltriage.cli.main import SUBCOMMANDS, main
 
     for command in ((), *((name,) for name in SUBCOMMANDS)):
-        result = kerneltriage(*command, "--help", cache=tmp_path)
-        assert result.returncode == 0 and "usage: kerneltriage" in result.stdout, (command, result.stderr)
+        with pytest.raises(SystemExit) as done:
+            main([*command, "--help"])
+        out, err = capsys.readouterr()
+        assert done.value.code == 0 and "usage: kerneltriage" in out, (command, err)

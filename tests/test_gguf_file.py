@@ -98,9 +98,8 @@ def test_reads_tensors_as_memmap_views(model_file, hf_weights):
     np.testing.assert_array_equal(q.data, expected)
 
 
-def _reference(path: Path) -> tuple[dict, list[tuple]]:
+def _reference(reader: GGUFReader) -> tuple[dict, list[tuple]]:
     """gguf-py's GGUFReader's view of a file: metadata, and (name, type, shape, offset, bytes) per tensor."""
-    reader = GGUFReader(path)
     meta = {key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")}
     table = [(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape.tolist())), int(t.data_offset),
               int(t.n_bytes)) for t in reader.tensors]
@@ -114,13 +113,14 @@ def _ours(path: Path) -> tuple[dict, list[tuple]]:
 
 def test_header_equals_gguf_readers(model_file):
     meta, table = _ours(model_file)
-    assert (meta, table) == _reference(model_file)
-    assert [type(v) for v in meta.values()] == [type(v) for v in _reference(model_file)[0].values()]
+    reference = _reference(GGUFReader(model_file))
+    assert (meta, table) == reference
+    assert [type(v) for v in meta.values()] == [type(v) for v in reference[0].values()]
 
 
 @pytest.mark.real_model
-def test_default_models_header_equals_gguf_readers(default_gguf):
-    assert _ours(default_gguf) == _reference(default_gguf)
+def test_default_models_header_equals_gguf_readers(default_gguf, default_gguf_reader):
+    assert _ours(default_gguf) == _reference(default_gguf_reader)
 
 
 def test_reading_caches_nothing(model_file, tmp_path):

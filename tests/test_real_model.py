@@ -19,12 +19,13 @@ TEXT = ("The history of computing is a story of layers: transistors become gates
 
 
 @pytest.fixture(scope="module")
-def hf_model(default_gguf: Path):
+def hf_model(default_gguf: Path, hf_gguf):  # noqa: ANN001
     """transformers' own conversion of the GGUF: its dequantized float32 weights and config."""
     import transformers  # a dependency of the project: its absence is a failure, not a skip
 
-    return transformers.AutoModelForCausalLM.from_pretrained(default_gguf.parent, gguf_file=default_gguf.name,
-                                                             dtype=torch.float32).eval()
+    with hf_gguf():
+        return transformers.AutoModelForCausalLM.from_pretrained(default_gguf.parent, gguf_file=default_gguf.name,
+                                                                 dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")

@@ -271,14 +271,14 @@ def hf_tokenizer(gguf: Path):  # noqa: ANN201 - a transformers tokenizer
 
 
 @pytest.mark.real_model
-def test_default_gguf_matches_transformers(default_gguf: Path,
-                                           tmp_path: Path) -> None:
+def test_default_gguf_matches_transformers(default_gguf: Path, tmp_path: Path, hf_gguf) -> None:  # noqa: ANN001
     from kerneltriage.engine.gguf_file import read_gguf
 
     meta = read_gguf(default_gguf).meta
-    ours = Tokenizer.from_gguf(default_gguf, meta, cache=tmp_path)
-    cached = Tokenizer.from_gguf(default_gguf, meta, cache=tmp_path)
-    reference = hf_tokenizer(default_gguf)
+    with hf_gguf():
+        ours = Tokenizer.from_gguf(default_gguf, meta, cache=tmp_path)
+        cached = Tokenizer.from_gguf(default_gguf, meta, cache=tmp_path)
+        reference = hf_tokenizer(default_gguf)
     texts = [*TEXTS, "  leading\ttabs\r\n", "def f(x):\n    return x**2  # ok\n", "3.14+1234567", "한국어 🇫🇷"]
     for text in texts:
         ids = reference.encode(text)
