@@ -14,6 +14,7 @@
 #   fused-tests     tests/test_fused_layer.py on the GPU (the kernels compiled, not interpreted)
 #   verify-tiles    the verify GEMVs' tile and pipelining candidates (benchmarks/verify_tiles_probe.py; no model needed)
 #   verify-kernels  each kernel's µs in a plain step and in verifies, and candidates against the verify's extra time
+#                   (CANDS: which of verify_kernels_probe.CANDIDATES, comma-separated; TAG suffixes the file)
 #   verify-host     the host's share of a graphed verify step, call by call (no model needed)
 #   spec-profile    where a speculative verify step's time goes (benchmarks/spec_profile.py), two prompt sets
 #   quantized       ab of the quantized GEMV on the default model
