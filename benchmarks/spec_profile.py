@@ -34,6 +34,7 @@ from kerneltriage.engine.sources import load_checkpoint
 
 PROMPTS = Path(__file__).parent / "prompts"
 FUSED = "packed_qkv,packed_gate_up,last_logits,fused_norm,fused_layer,pdl,graphs"
+OPEN = 1 << 30  # the resident steps' run end: none reached (every step queued runs a body)
 
 
 class Timed:
@@ -107,7 +108,7 @@ def resident(runner, position: int, rows: int, queued) -> dict:  # noqa: ANN001
 
         def chunk(cap: int = cap, width: int = width, steps: int = steps) -> None:
             runner.begin_resident(text, lookback)  # the text put back (the steps appended to it)
-            results = [runner.queue_step(position + i * width + WIDEST, (cap, 1)) for i in range(steps)]
+            results = [runner.queue_step(position + i * width + WIDEST, (cap, 1, OPEN)) for i in range(steps)]
             results[-1].result()
 
         found |= {f"{name}_queued_us": queued(chunk) / steps, f"{name}_steps_per_call": steps}

@@ -246,6 +246,8 @@ def test_a_step_queued_past_the_runs_end_runs_no_body(expected: list[int]) -> No
     assert late[0] == [] and late[2] == 0 and int(runner.resident_steps.choice) == DONE
     assert int(runner.resident_steps.length) == len(text) + len(emitted)
     assert torch.equal(cache.keys, keys) and torch.equal(cache.values, values)
+    with pytest.raises(ValueError, match="expected"):  # limits without the end: refused, not read as the end reached
+        runner.queue_step(len(text) + 63, (2, 1))
 
 
 def test_the_controller_limits_resident_verifies_by_the_match_lengths_that_pay() -> None:

@@ -120,6 +120,8 @@ class ResidentSteps(GraphedStep):
         latest (the steps queued ahead of it included): it drafts after the device's text, chooses, runs and
         accepts."""
         self.attach(model.cache)
+        if len(limits) != len(self.limits):  # a missing end would read as the run's end reached: every step DONE
+            raise ValueError(f"resident step limits {limits}: expected (widest, least, end)")
         if limits != self.allowed:  # (stream-ordered before the replay; only when they change)
             for index, value in enumerate(limits):
                 self.limits[index].fill_(value)
