@@ -28,6 +28,7 @@
 #   resident-profile  spec_profile.py with one_sync (resident steps) on repetitive and open_ended
 #   resident-trace  every resident step of copy_heavy and repetitive (all prompts) and the texts the device wrote,
 #                   then the replay over those texts (no CPU text in the way)
+#   resident-passes copy_heavy and summarize timed 6 passes in a row on one runner (ab's samples), each pass's steps
 #   resident-ab     host-fed against resident steps (the fused set without and with one_sync) on two sets
 #   resident        the fused set against it + spec=suffix (resident steps), every prompt set; resident-float32
 #                   the same in float32 on two sets (tokens identical)
@@ -168,6 +169,12 @@ case "$1" in
       step 100 python3 benchmarks/draft_replay.py --texts "/tmp/texts-$set.json" --sets $set --sources suffix \
         --resident 1:1.02,16:1.29,32:1.63 --verify-costs 16:1.43,32:1.8 --host-gap 0.15 \
         --out "$OUT/draft-replay-h200-texts-$set.json" > /dev/null
+    done ;;
+  resident-passes)  # copy_heavy's two paces (round 12): the set timed 6 times in a row on one runner, as ab's
+    # warm-up and 5 samples run B, every pass's steps, counts and host calls; the same for summarize
+    for set in copy_heavy summarize; do
+      step 200 python3 benchmarks/spec_profile.py --config "levers=${FUSED/,prefill_graphs/};spec=suffix" --set $set \
+        --per-set 16 --iters 20 --passes 6 --out "$OUT/spec-passes-$set-h200${TAG:+-$TAG}.json" > /dev/null
     done ;;
   resident-ab)  # the change itself: host-fed verifies (the decoder's own loop) against resident ones (+ one_sync)
     for set in repetitive copy_heavy; do

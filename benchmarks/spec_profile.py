@@ -2,7 +2,7 @@
 over a prompt set, then the verify forward and a plain step timed alone at a fixed position.
 
 Usage: python benchmarks/spec_profile.py [--model default] [--config "levers=...;spec=suffix"]
-           [--set repetitive] [--per-set 4] [-n 64] [--out FILE.json]
+           [--set repetitive] [--per-set 4] [-n 64] [--passes 1] [--out FILE.json]
 Per call (host seconds, perf_counter, no extra syncs): the drafter's `draft` (at verify steps and, with auto depth,
 after every plain token), `runner.verify` (queueing the forward), the sampler's `accept` (it reads the result: the wait
 for the device lands here), `trim_cache`, the decoder's synced `clock` reads (a model drafter's steps only, since
@@ -10,7 +10,10 @@ for the device lands here), `trim_cache`, the decoder's synced `clock` reads (a 
 Alone, at one position (--iters each), for each padded verify shape: a plain step and a verify queued back to back
 (device-bound: the device's time per call), and verify + accept + trim one after another (what one verify step costs
 the loop); with `one_sync` in the config, resident steps (drafted, chosen and accepted on the device) queued back to
-back: verifies, and plain steps.
+back: verifies, and plain steps. With --passes N the set is timed N times in a row on the one runner, as `ab`'s
+consecutive samples of a side run it (the controller's state carried from each to the next): per pass its seconds,
+the decoder's step counts, the host's calls and every resident step (`passes`; the top-level figures are the first
+pass's) — whether later passes run other steps, or the same steps slower.
 """
 
 from __future__ import annotations
@@ -158,6 +161,7 @@ def main() -> None:
     parser.add_argument("--per-set", type=int, default=4)
     parser.add_argument("-n", type=int, default=64)
     parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument("--passes", type=int, default=1, help="timed passes over the set in a row (ab's samples)")
     parser.add_argument("--out", default="spec-profile.json")
     parser.add_argument("--texts-out", default=None, help="also write the greedy texts this device wrote, as "
                         "draft_replay.py --texts reads them (replay the device's own text, not the CPU's)")
@@ -193,20 +197,28 @@ def main() -> None:
             graphed._capture = counted
     runner.reset_cache(max(map(len, prompts)) + args.n + 1)
     prompts_sample(runner, prompts, args.n)  # untimed: captures every window and row count
-    decoder.reset_total()
     steps = trace_steps(decoder, timed)
-    timed.on = True
-    sample = prompts_sample(runner, prompts, args.n)
-    timed.on = False
-    stats = decoder.total
+    passes = []
+    for _ in range(args.passes):
+        decoder.reset_total()
+        timed.seconds.clear()
+        del steps[:]
+        timed.on = True
+        sample = prompts_sample(runner, prompts, args.n)
+        timed.on = False
+        stats = decoder.total
+        passes.append({"decode_tok_s": args.n * len(prompts) / sample.timed, "decode_s": sample.timed,
+                       "calls": timed.report(), "spec": stats.brief(),
+                       "verify_ms_mean": 1e3 * statistics.fmean(stats.verify_seconds) if stats.verify_seconds
+                       else None,
+                       "plain_ms_mean": 1e3 * statistics.fmean(stats.plain_seconds) if stats.plain_seconds else None,
+                       "draft_ms_mean": 1e3 * statistics.fmean(stats.draft_seconds) if stats.draft_seconds else None,
+                       "resident_steps": list(steps)})
     result = {"benchmark": "spec-profile", "model": checkpoint.source, "config": args.config, "set": args.set,
-              "prompts": len(prompts), "new_tokens": args.n, "dtype": dtype,
-              "decode_tok_s": args.n * len(prompts) / sample.timed, "decode_s": sample.timed,
-              "calls": timed.report(), "captures_during_timed_run": dict(captures), "spec": stats.brief(),
-              "verify_ms_mean": 1e3 * statistics.fmean(stats.verify_seconds) if stats.verify_seconds else None,
-              "plain_ms_mean": 1e3 * statistics.fmean(stats.plain_seconds) if stats.plain_seconds else None,
-              "draft_ms_mean": 1e3 * statistics.fmean(stats.draft_seconds) if stats.draft_seconds else None,
-              "resident_steps": steps}
+              "prompts": len(prompts), "new_tokens": args.n, "dtype": dtype, **passes[0],
+              "captures_during_timed_run": dict(captures)}
+    if args.passes > 1:
+        result["passes"] = passes
     shapes = decoder.shapes(runner) or [decoder.controller.deepest + 1]
     result["alone"] = [alone(runner, args.iters, max(map(len, prompts)), rows) for rows in shapes]
     result["environment"] = capture_environment()
