@@ -57,13 +57,13 @@ class _Read:
 class _Queued:
     """A resident step's tokens; reading them advances the clock by the step's price (steps run back to back)."""
 
-    def __init__(self, target: "ReplayTarget", emitted: list[int], rows: int, cost: float) -> None:
-        self.target, self.emitted, self.rows, self.cost = target, emitted, rows, cost
+    def __init__(self, target: "ReplayTarget", emitted: list[int], matched: int, rows: int, cost: float) -> None:
+        self.target, self.emitted, self.matched, self.rows, self.cost = target, emitted, matched, rows, cost
 
     def result(self) -> tuple[list[int], int, int]:
         self.target.now, self.cost = self.target.now + self.cost, 0.0
         self.target.in_flight -= 1
-        return self.emitted, 0, self.rows
+        return self.emitted, self.matched, self.rows
 
 
 class ReplayTarget:
@@ -91,10 +91,10 @@ class ReplayTarget:
         self.device, self.lookback = list(context), lookback
 
     def queue_step(self, reach: int, limits: tuple[int, int, int]) -> _Queued:
-        choice = device_choice(self.device, self.lookback, limits)[0]
+        choice, matched = device_choice(self.device, self.lookback, limits)
         if choice == DONE:  # queued past the text's end: no body runs (~5 µs on the H200: free here)
             self.in_flight += 1
-            return _Queued(self, [], 0, 0.0)
+            return _Queued(self, [], matched, 0, 0.0)
         rows = CHOICES[choice]
         index = NgramIndex(self.lookback)
         index.extend(self.device)
@@ -103,7 +103,7 @@ class ReplayTarget:
         self.device += emitted
         self.now += self.gap if not self.in_flight else 0.0
         self.in_flight += 1
-        return _Queued(self, emitted, rows, self.resident_costs.get(rows, 1.0))
+        return _Queued(self, emitted, matched, rows, self.resident_costs.get(rows, 1.0))
 
     def start(self, prompt: list[int], continuation: list[int]) -> torch.Tensor:
         """A new prompt: the prefill's logits (its token is the continuation's first)."""

@@ -53,6 +53,21 @@ def test_resident_steps_choose_on_the_device_and_keep_the_text(draft_replay) -> 
     assert waited["modelled_speedup"] < copied["modelled_speedup"], waited
 
 
+def test_a_resident_step_reports_the_match_it_drafted_from(draft_replay) -> None:  # noqa: ANN001
+    """The controller judges resident verifies by the match length they came from: the replay's step reports it, as
+    the device's does (reported as 0, every verify fell in the one-token bucket and no length was ever excluded)."""
+    from kerneltriage.engine.speculative.resident import CHOICES, device_choice
+
+    text = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 5, 7, 8, 9, 10]  # its last 4 tokens occurred before
+    target = draft_replay.ReplayTarget({16: 1.3, 32: 1.6}, True, 20, {1: 1.0, 16: 1.3, 32: 1.6})
+    target.start(text[:3], text[3:] + [11, 12])
+    target.begin_resident(text, 32)
+    limits = (2, 1, 1 << 30)
+    emitted, matched, rows = target.queue_step(len(text) + 31, limits).result()
+    assert (CHOICES.index(rows), matched) == device_choice(text, 32, limits) and matched == 4
+    assert emitted[:2] == [11, 12]
+
+
 def test_costs_name_every_padded_shape(draft_replay) -> None:  # noqa: ANN001
     assert draft_replay.parse_costs("16:1.4,32:1.6") == {16: 1.4, 32: 1.6}
     assert draft_replay.parse_costs("1:1.02,16:1.4,32:1.6") == {1: 1.02, 16: 1.4, 32: 1.6}  # a plain step's too
