@@ -12,8 +12,9 @@ Alone, at one position (--iters each), for each padded verify shape: a plain ste
 the loop); with `one_sync` in the config, resident steps (drafted, chosen and accepted on the device) queued back to
 back: verifies, and plain steps. With --passes N the set is timed N times in a row on the one runner, as `ab`'s
 consecutive samples of a side run it (the controller's state carried from each to the next): per pass its seconds,
-the decoder's step counts, the host's calls and every resident step (`passes`; the top-level figures are the first
-pass's) — whether later passes run other steps, or the same steps slower.
+the decoder's step counts, the host's calls and every resident step that emitted (`passes`; the top-level figures
+are the first pass's, but for captures, counted over all) — whether later passes run other steps, or the same steps
+slower.
 """
 
 from __future__ import annotations
@@ -166,6 +167,8 @@ def main() -> None:
     parser.add_argument("--texts-out", default=None, help="also write the greedy texts this device wrote, as "
                         "draft_replay.py --texts reads them (replay the device's own text, not the CPU's)")
     args = parser.parse_args()
+    if args.passes < 1:
+        parser.error(f"--passes {args.passes}: expected 1 or more")
     backend = get_backend()
     device = backend.resolve_device("auto")
     dtype = backend.resolve_dtype(args.dtype, device)

@@ -39,7 +39,7 @@ def frozen_heap() -> None:
     frozen out of the cyclic garbage collector: a backend's release() runs gc.collect() after each model it drops,
     and each full collection walked those long-lived objects again (0.2 s a call, 66 calls in the ab and triage
     tests alone: 14 s). What the tests create is collected as before; garbage is collected before freezing, as a
-    frozen cycle is never freed."""
+    frozen cycle is never freed (nor is what was alive here and becomes a cycle later: ~450 objects a session)."""
     gc.collect()
     gc.freeze()
 
@@ -180,8 +180,6 @@ def rerun_capture(runner):  # noqa: ANN001, ANN201 - a capture function for Grap
 def shared_answers():  # noqa: ANN201
     """distill.training_sequences memoized for the session: the distill and EAGLE tests train on the same greedy
     answers of the real model (the same prompts and lengths), generated once. A context manager per use."""
-    import contextlib
-
     from kerneltriage.backends.torch import distill
 
     original, cache = distill.training_sequences, {}

@@ -77,7 +77,7 @@ def test_the_device_draft_is_the_ngram_index_proposal_and_its_choice_the_referen
 def test_the_choice_follows_the_suffix_drafters_rule() -> None:
     """Plain where nothing recurs or a one-token match went on differently before; the narrower verify from a match
     of 2 (or of one token that always went on the same way); the wider from LONG_MATCH tokens; within the host's
-    limits (the widest shape, the least match)."""
+    limits (the widest shape, the least match; none once the text has the run's end)."""
     assert device_choice([5, 6, 7], 32, (2, 1, OPEN)) == (0, 0)  # nothing recurs
     assert device_choice([5, 6, 5, 7, 5], 32, (2, 1, OPEN)) == (0, 1)  # 5 went on as 6 and as 7
     assert device_choice([5, 6, 9, 5], 32, (2, 1, OPEN)) == (1, 1)  # 5 always went on as 6
@@ -155,6 +155,16 @@ def _chosen(decoder) -> list[int]:  # noqa: ANN001
 
     decoder.record_step = logged
     return chosen
+
+
+def test_resident_steps_count_their_levers() -> None:
+    """Each replay counts the levers its step ran (`ab`'s proof that a lever ran), here packed q/k/v in both layers:
+    the CPU's captures warm up on the plain body even where the limits before a run's first step read as its end
+    (DONE would run none, and the graph would count nothing)."""
+    runner, decoder = resident_runner(levers="one_sync,packed_qkv")
+    chosen = _chosen(decoder)
+    list(generate_step(runner, PROMPT, GREEDY, NEW))
+    assert chosen and runner.counters["packed_qkv"] >= 2 * len(chosen), (runner.counters, len(chosen))
 
 
 def test_the_device_chooses_plain_steps_and_verifies_in_one_run() -> None:

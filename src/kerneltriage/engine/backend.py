@@ -44,7 +44,7 @@ class Queued(Protocol):
 
     def result(self) -> tuple[list[int], int, int]:
         """Wait for it: (the tokens it emitted, the length of the match its draft came from, the rows it computed:
-        1 for a plain step)."""
+        1 for a plain step, 0 — and no tokens — for one queued past the run's end)."""
 
 
 class Sampler(Protocol):

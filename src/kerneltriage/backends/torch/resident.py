@@ -10,7 +10,8 @@ token made a draft was already queued). The replay put the two at 6% and 7% of r
 position and choice from the device's copy of the text, a SWITCH node (graph_switch.py) runs the chosen body — a
 plain step, or a verify of one of the padded shapes — each its forward, its rows' argmax and
 `lookup_draft.accept`, which appends what greedy acceptance keeps and writes [emitted, matched, rows, argmaxes]
-for the host to copy back later. The device needs nothing from the host between two steps.
+for the host to copy back later — or, once the text has the run's end, no body (DONE: the step queued past the
+end, ~5 µs), the result then nothing emitted. The device needs nothing from the host between two steps.
 
 Off CUDA the step runs as a function that reads the choice on the host and calls that body: the same tokens, with
 a host sync (the CPU's tests run it so). On CUDA without cuda.bindings (no SWITCH) no steps run resident: `one_sync`
@@ -55,7 +56,7 @@ class Result:
 
     def result(self) -> tuple[list[int], int, int]:
         """(the tokens the step emitted, the length of the match its draft came from, its rows: 1 for a plain
-        step)."""
+        step, 0 (and no tokens) for one that found the text complete: DONE)."""
         if self.ready is not None:
             self.ready.synchronize()
             self.values, self.ready = self.host[:self.size].tolist(), None
@@ -76,9 +77,9 @@ class ResidentSteps(GraphedStep):
         self.history: torch.Tensor | None = None  # (S,) the text, with room for a step's rows past its end
         self.length: torch.Tensor | None = None  # () its length
         self.matched: torch.Tensor | None = None  # () the last draft's match
-        self.choice: torch.Tensor | None = None  # () int32: the body the last draft chose (CHOICES' index)
+        self.choice: torch.Tensor | None = None  # () int32: the body the last draft chose (CHOICES' index; DONE: none)
         self.limits: torch.Tensor | None = None  # (3,) int32: the widest body allowed, the least match, the end
-        self.out: torch.Tensor | None = None  # (MAX_ROWS + 3,) every body's result
+        self.out: torch.Tensor | None = None  # (MAX_ROWS + 3,) every body's result (a DONE draft's: nothing emitted)
         self.allowed: tuple[int, int, int] | None = None  # the host's copy of `limits`
         self.capturing: int | None = None  # while a graph is captured: the text's length each warm-up starts from
         self._host: list[tuple[torch.Tensor, torch.cuda.Event]] = []
@@ -118,7 +119,8 @@ class ResidentSteps(GraphedStep):
         """Replay a step — plain, or a verify within `limits` (no wider than CHOICES[widest] rows, from a match of
         `least` tokens; none once the text has `end` tokens) — whose writes end before position `reach` at the
         latest (the steps queued ahead of it included): it drafts after the device's text, chooses, runs and
-        accepts."""
+        accepts. (A step that finds the text complete counts its levers as a plain step: at most one a run.)"""
+        limits = tuple(limits)
         self.attach(model.cache)
         if len(limits) != len(self.limits):  # a missing end would read as the run's end reached: every step DONE
             raise ValueError(f"resident step limits {limits}: expected (widest, least, end)")
@@ -153,11 +155,15 @@ class ResidentSteps(GraphedStep):
 
     def _step(self, model: Model, slot: torch.Tensor, start: int) -> torch.Tensor:
         """A step with the choice read on the host (off CUDA, where a "graph" reruns this: the CPU's tests): draft,
-        then the chosen body (none where the text is complete: DONE)."""
+        then the chosen body — none where the text is complete (DONE), but for a capture's warm-ups, which run the
+        plain body (as the SWITCH capture counts a replay's levers from it: the limits before a run's first step
+        may read as its end)."""
         self._warming(slot)
         self._draft(slot)
         choice = int(self.choice)
-        return self.out if choice == DONE else self._body(model, slot, start, choice)
+        if choice == DONE and self.capturing is None:
+            return self.out
+        return self._body(model, slot, start, 0 if choice == DONE else choice)
 
     def _capture(self, model: Model, cache: StaticKVCache, window: int, tokens: torch.Tensor, start: int) -> _Graph:
         """Capture with the device's text ending at `start`: every warm-up drafts, runs and writes the cache from

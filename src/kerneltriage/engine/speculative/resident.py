@@ -7,8 +7,8 @@ steps of waiting at every such turn, more wherever the host's own pace slows (ve
 pipelined plain run finds a draft one token late (the next plain step was queued before the token that made it was
 read). Resident, the device keeps its own copy of the text and each step drafts from it (the latest longest
 earlier match of its suffix), chooses there between a plain step and a verify by the suffix drafter's rule
-(lookup_draft.draft), runs it and accepts greedily. Every step emits at least one token of plain greedy decoding's
-text, so none is wasted: the host keeps AHEAD + 1 of them queued and only reads what they emitted, recording each
+(lookup_draft.draft), runs it and accepts greedily. Every step that runs emits at least one token of plain greedy
+decoding's text, so none is wasted: the host keeps AHEAD + 1 of them queued and only reads what they emitted, recording each
 in the stats and the depth controller. A step queued while the one before it may still reach the run's end finds,
 where that one did, the text complete: the device runs no body (DONE), ~5 µs instead of a forward nobody reads (on
 copy_heavy's 16 × 64 tokens, H200, the time outside steps fell from 19.7 to 4.1 ms of ~195:
@@ -54,12 +54,12 @@ def device_choice(text: list[int], lookback: int, limits: tuple[int, int, int]) 
     earlier occurrence of the last token went on the same way, else a plain step (0); a plain step below a match of
     `least` tokens, and no wider than `widest`; DONE once the text has `end` tokens: limits = (widest, least, end)."""
     last, matched = len(text) - 1, 0
-    for end in range(last):
+    for at in range(last):  # each earlier position a match could end at
         length = 0
-        while length < min(lookback, end + 1) and text[end - length] == text[last - length]:
+        while length < min(lookback, at + 1) and text[at - length] == text[last - length]:
             length += 1
         matched = max(matched, length)
-    after = {text[end + 1] for end in range(last) if text[end] == text[last]}
+    after = {text[at + 1] for at in range(last) if text[at] == text[last]}
     choice = 2 if matched >= LONG_MATCH else 1 if matched >= 2 or (matched == 1 and len(after) == 1) else 0
     cap, least, end = limits
     return (DONE if len(text) >= end else min(choice if matched >= least else 0, cap)), matched
