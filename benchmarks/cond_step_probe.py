@@ -4,9 +4,10 @@ model file (the default model's shapes, random weights, the fused set with PDL).
 Why: a resident speculative loop still waits for the host at every verify that did not accept its whole draft and at
 every switch between plain steps and verifies (~0.15 plain steps each on the H200: the replay with
 `--host-gap 0.15` gives repetitive 2.75×, as measured), and a pipelined plain run verifies one token late. A graph
-whose draft kernel sets the value a CUDA conditional (SWITCH) node reads would let the host queue steps without deciding
-them. This probe captures one graph with a SWITCH node of two bodies (a plain step's forward and argmax, a 16-row verify's)
-around the fused set's Triton kernels and times its replays against the plain and verify graphs alone.
+whose draft kernel sets the value a CUDA conditional (SWITCH) node reads would let the host queue steps without
+deciding them. This probe captures one graph with a SWITCH node of two bodies (a plain step's forward and argmax, a
+16-row verify's) around the fused set's Triton kernels and times its replays against the plain and verify graphs
+alone.
 
     python3 benchmarks/cond_step_probe.py --out cond-step.json
 

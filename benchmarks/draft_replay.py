@@ -19,12 +19,19 @@ ones: 11 of copy_heavy's 16 continuations and 7 of repetitive's 11 equal the flo
 step's cost in plain steps as the loop sees it, for each padded shape (rows): the H200's loop saw a 16-row verify
 step at 1.43 plain steps (spec-profile-repetitive-h200-split.json's verify_ms_mean / plain_ms_mean); a 32-row one
 costs 16% more on the device (verify-rows-smollm2-preset-h200.json), ~1.62 with the host's share.
+
+--passes N replays the set N times in a row on one decoder (as `ab`'s samples of a side run it, the controller's state
+carried from pass to pass), each pass's steps and time reported; --step-times TRACE prices each resident step at a
+draw from the device's own step times of its rows (a spec_profile.py trace's resident steps, over its plain steps'
+median; seeded) instead of a fixed price; --reprobe-steps sets the controller's REPROBE_STEPS (a what-if).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
+import statistics
 from collections import Counter
 from pathlib import Path
 
@@ -35,6 +42,7 @@ from kerneltriage.backends.torch.sampling import TorchSampler
 from kerneltriage.core.environment import capture_environment
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.sampling import SamplingParams
+from kerneltriage.engine.speculative import controller
 from kerneltriage.engine.speculative.config import VERIFY_BUCKETS, parse_speculation
 from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
 from kerneltriage.engine.speculative.lookup import lookup_drafter
@@ -73,14 +81,16 @@ class ReplayTarget:
     `resident` costs, steps run resident (as `one_sync` runs them on a graphed runner): each chooses and drafts as the
     device does (resident.device_choice; the latest longest match of up to `lookback` tokens: NgramIndex's rule) and
     costs its rows' price there (a plain one `resident[1]`, 1 when not given), nothing where the text is complete
-    (DONE); one queued with none in flight first costs `gap` (the device waited for the host to queue it)."""
+    (DONE), or a draw from `draws[rows]` where given; one queued with none in flight first costs `gap` (the device
+    waited for the host to queue it)."""
 
     cache_capacity = 1 << 30
 
-    def __init__(self, costs: dict[int, float], padded: bool, vocab: int,
-                 resident: dict[int, float] | None = None, gap: float = 0.0) -> None:
+    def __init__(self, costs: dict[int, float], padded: bool, vocab: int, resident: dict[int, float] | None = None,
+                 gap: float = 0.0, draws: dict[int, list[float]] | None = None) -> None:
         self.costs, self.pads_verify, self.vocab = costs, padded, vocab
         self.resident_costs, self.resident, self.gap = resident, resident is not None, gap
+        self.draws, self.rng = draws, random.Random(0)
         self.counters: Counter = Counter()
         self.now, self.text, self.device, self.lookback, self.in_flight = 0.0, [], [], 0, 0
 
@@ -103,7 +113,8 @@ class ReplayTarget:
         self.device += emitted
         self.now += self.gap if not self.in_flight else 0.0
         self.in_flight += 1
-        return _Queued(self, emitted, matched, rows, self.resident_costs.get(rows, 1.0))
+        cost = self.rng.choice(self.draws[rows]) if self.draws else self.resident_costs.get(rows, 1.0)
+        return _Queued(self, emitted, matched, rows, cost)
 
     def start(self, prompt: list[int], continuation: list[int]) -> torch.Tensor:
         """A new prompt: the prefill's logits (its token is the continuation's first)."""
@@ -153,30 +164,50 @@ class ReplayTarget:
 
 
 def replay(source: str, depth: str | None, texts: list[list[list[int]]], costs: dict, padded: bool,
-           resident: dict[int, float] | None = None, gap: float = 0.0) -> dict[str, object]:
-    """The decoder's run over each recorded (prompt, continuation) in turn on one target: its stats and the
-    modelled speed-up (tokens after the first / the virtual time, in plain steps); with `resident` costs, its
+           resident: dict[int, float] | None = None, gap: float = 0.0, passes: int = 1,
+           draws: dict[int, list[float]] | None = None) -> dict[str, object]:
+    """The decoder's run over each recorded (prompt, continuation) in turn on one target, `passes` times: its stats
+    and the modelled speed-up (tokens after the first / the virtual time, in plain steps); with `resident` costs, its
     verifies resident (queued ahead, drafted and accepted on the device), `gap` the device's wait for one queued
-    with none in flight."""
+    with none in flight, `draws` the resident steps' prices drawn by rows. Several passes: each one's steps and
+    time too (`passes`)."""
     speculation = parse_speculation(source, depth)
     decoder = SpeculativeDecoder(speculation, lookup_drafter(speculation), queue_ahead=resident is not None)
     vocab = 1 + max(max(p + t) for p, t in texts)
-    target = ReplayTarget(costs, padded, vocab, resident, gap)
+    target = ReplayTarget(costs, padded, vocab, resident, gap, draws)
     decoder.host_clock = target.clock
-    tokens, elapsed = 0, 0.0
-    for prompt, continuation in texts:
-        first = target.start(prompt, continuation)
-        began = target.now
-        out = list(decoder(target, first, len(prompt), len(continuation), TorchSampler(SamplingParams(), prompt,
-                                                                                      torch.device("cpu"))))
-        if out != continuation:
-            raise RuntimeError("replay: the decoder's tokens left the recorded text (greedy acceptance broke)")
-        tokens, elapsed = tokens + len(continuation) - 1, elapsed + target.now - began
+    tokens, elapsed, each = 0, 0.0, []
+    for _ in range(passes):
+        began, before = target.now, decoder.total.brief()
+        for prompt, continuation in texts:
+            first = target.start(prompt, continuation)
+            out = list(decoder(target, first, len(prompt), len(continuation),
+                               TorchSampler(SamplingParams(), prompt, torch.device("cpu"))))
+            if out != continuation:
+                raise RuntimeError("replay: the decoder's tokens left the recorded text (greedy acceptance broke)")
+            tokens += len(continuation) - 1
+        elapsed += target.now - began
+        after = decoder.total.brief()
+        each.append({"time": round(target.now - began, 2),
+                     **{key: after[key] - before[key] for key in ("plain_steps", "verify_steps")}})
     stats = decoder.total.brief()
-    return {"plain_steps": stats["plain_steps"], "verify_steps": stats["verify_steps"], "tokens": tokens,
-            "tokens_per_verify": stats["tokens_per_verify_step"],
-            "acceptance_by_position": [round(a, 3) for a in stats["acceptance_by_position"]],
-            "modelled_speedup": tokens / elapsed}
+    found = {"plain_steps": stats["plain_steps"], "verify_steps": stats["verify_steps"], "tokens": tokens,
+             "tokens_per_verify": stats["tokens_per_verify_step"],
+             "acceptance_by_position": [round(a, 3) for a in stats["acceptance_by_position"]],
+             "modelled_speedup": tokens / elapsed}
+    return found | ({"passes": each} if passes > 1 else {})
+
+
+def step_draws(path: str, shapes: list[int]) -> dict[int, list[float]]:
+    """Each shape's resident step times in a spec_profile.py trace, over its plain steps' median (ValueError naming
+    what is missing)."""
+    steps = json.loads(Path(path).expanduser().read_text()).get("resident_steps") or []
+    by_rows = {rows: [step["us"] for step in steps if step["rows"] == rows] for rows in shapes}
+    missing = [rows for rows, times in by_rows.items() if not times]
+    if missing:
+        raise ValueError(f"no resident steps of {','.join(map(str, missing))} rows")
+    plain = statistics.median(by_rows[1])
+    return {rows: [us / plain for us in times] for rows, times in by_rows.items()}
 
 
 def greedy_texts(model: str, sets: list[str], count: int, dtype: str = "float32") -> dict[str, object]:
@@ -243,8 +274,20 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true", help="verifies of k + 1 rows (no graphs): a draft's length "
                         "costs rows (the drafters' length rules apply), each verify priced at --verify-cost")
     parser.add_argument("--verify-cost", type=float, default=1.9, help="with --eager: a verify step in plain steps")
+    parser.add_argument("--passes", type=int, default=1, help="the set replayed this many times in a row on one "
+                        "decoder (ab's samples), each pass reported")
+    parser.add_argument("--step-times", default=None, metavar="TRACE", help="with --resident: each resident step "
+                        "priced at a draw from the device's own step times of its rows (spec_profile.py's JSON)")
+    parser.add_argument("--reprobe-steps", type=int, default=None, help="the controller's REPROBE_STEPS (default "
+                        f"{controller.REPROBE_STEPS}): a what-if")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.passes < 1:
+        parser.error(f"--passes {args.passes}: expected 1 or more")
+    if args.reprobe_steps is not None:
+        if args.reprobe_steps < 1:
+            parser.error(f"--reprobe-steps {args.reprobe_steps}: expected 1 or more")
+        controller.REPROBE_STEPS = args.reprobe_steps
     try:
         costs = {"flat": args.verify_cost} if args.eager else parse_costs(args.verify_costs, args.other_shapes)
     except ValueError as exc:
@@ -259,6 +302,14 @@ def main() -> None:
                      f"{','.join(map(str, VERIFY_BUCKETS))}")
     if resident and args.eager:
         parser.error("--resident with --eager: resident steps are graphed (padded); drop one")
+    draws = None
+    if args.step_times:
+        if not resident:
+            parser.error(f"--step-times {args.step_times}: prices resident steps; add --resident")
+        try:
+            draws = step_draws(args.step_times, list(CHOICES))
+        except (OSError, ValueError) as exc:  # (json's errors are ValueErrors)
+            parser.error(f"--step-times {args.step_times}: {exc}; expected a spec_profile.py JSON with one_sync")
     sets = args.sets.split(",")
     unknown = [name for name in sets if not (PROMPTS / f"{name}.jsonl").is_file()]
     if unknown:
@@ -275,11 +326,12 @@ def main() -> None:
     result = {"benchmark": "draft-replay", "model": args.model, "depth": args.depth or "auto", "verify_costs": costs,
               "resident_costs": resident, "host_gap": args.host_gap, "other_shapes": args.other_shapes,
               "padded": not args.eager, "texts": {name: len(texts[name]) for name in sets}, "sets": {},
+              "passes": args.passes, "step_times": args.step_times, "reprobe_steps": controller.REPROBE_STEPS,
               "environment": capture_environment()}
     for name in sets:
         for source in args.sources.split(","):
-            found = result["sets"].setdefault(name, {})[source] = replay(source, args.depth, texts[name], costs,
-                                                                        not args.eager, resident, args.host_gap)
+            found = result["sets"].setdefault(name, {})[source] = replay(
+                source, args.depth, texts[name], costs, not args.eager, resident, args.host_gap, args.passes, draws)
             print(f"{name:11s} {source:14s} plain {found['plain_steps']:4d} verify {found['verify_steps']:4d} "
                   f"tok/verify {found['tokens_per_verify']:.2f} modelled {found['modelled_speedup']:.2f}x  "
                   f"{found['acceptance_by_position'][:4]}", flush=True)

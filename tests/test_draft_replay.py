@@ -4,6 +4,7 @@ are the text's, and its modelled speed-up follows the text (a copy pays, text th
 from __future__ import annotations
 
 import importlib.util
+import json
 import random
 from pathlib import Path
 
@@ -66,6 +67,29 @@ def test_a_resident_step_reports_the_match_it_drafted_from(draft_replay) -> None
     emitted, matched, rows = target.queue_step(len(text) + 31, limits).result()
     assert (CHOICES.index(rows), matched) == device_choice(text, 32, limits) and matched == 4
     assert emitted[:2] == [11, 12]
+
+
+def test_passes_carry_the_decoder_and_step_times_price_resident_steps(draft_replay, tmp_path) -> None:  # noqa: ANN001
+    """--passes: the set again on the same decoder, each pass's steps adding up to the whole; --step-times: each
+    resident step priced at a draw from a trace's times of its rows, over its plain steps' median (a trace that
+    lacks a shape is refused by name)."""
+    rng = random.Random(2)
+    code = [rng.randrange(100, 900) for _ in range(60)]
+    texts = [[[1, 2, *code, 3], [4, *code[:30], 5, *code[30:50]]]]
+    costs, resident = draft_replay.parse_costs(draft_replay.DEFAULT_COSTS), {1: 1.0, 16: 1.3, 32: 1.6}
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"resident_steps": [{"rows": 1, "us": 500.0}, {"rows": 1, "us": 600.0},
+                                                    {"rows": 16, "us": 1650.0}, {"rows": 32, "us": 2200.0}]}))
+    draws = draft_replay.step_draws(str(trace), [1, 16, 32])
+    assert draws == {1: [500 / 550, 600 / 550], 16: [3.0], 32: [4.0]}
+    fixed = draft_replay.replay("suffix", None, texts, costs, True, resident, passes=3)
+    assert len(fixed["passes"]) == 3 and sum(p["verify_steps"] for p in fixed["passes"]) == fixed["verify_steps"]
+    assert sum(p["plain_steps"] for p in fixed["passes"]) == fixed["plain_steps"]
+    dear = draft_replay.replay("suffix", None, texts, costs, True, resident, passes=3, draws=draws)
+    assert dear["modelled_speedup"] < fixed["modelled_speedup"]  # verifies at 3-4 plain steps, not 1.3-1.6
+    trace.write_text(json.dumps({"resident_steps": [{"rows": 1, "us": 500.0}]}))
+    with pytest.raises(ValueError, match="16,32 rows"):
+        draft_replay.step_draws(str(trace), [1, 16, 32])
 
 
 def test_costs_name_every_padded_shape(draft_replay) -> None:  # noqa: ANN001

@@ -8,10 +8,10 @@ pipelined plain run finds a draft one token late (the next plain step was queued
 read). Resident, the device keeps its own copy of the text and each step drafts from it (the latest longest
 earlier match of its suffix), chooses there between a plain step and a verify by the suffix drafter's rule
 (lookup_draft.draft), runs it and accepts greedily. Every step that runs emits at least one token of plain greedy
-decoding's text, so none is wasted: the host keeps AHEAD + 1 of them queued and only reads what they emitted, recording each
-in the stats and the depth controller. A step queued while the one before it may still reach the run's end finds,
-where that one did, the text complete: the device runs no body (DONE), ~5 µs instead of a forward nobody reads (on
-copy_heavy's 16 × 64 tokens, H200, the time outside steps fell from 19.7 to 4.1 ms of ~195:
+decoding's text, so none is wasted: the host keeps AHEAD + 1 of them queued and only reads what they emitted,
+recording each in the stats and the depth controller. A step queued while the one before it may still reach the
+run's end finds, where that one did, the text complete: the device runs no body (DONE), ~5 µs instead of a forward
+nobody reads (on copy_heavy's 16 × 64 tokens, H200, the time outside steps fell from 19.7 to 4.1 ms of ~195:
 spec-trace-copy_heavy-h200-{head,done}.json). The controller sets the device's limits: the widest verify (its k) and
 the least match length a verify needs (the shortest whose verifies have emitted tokens faster than plain steps on
 this text: controller.DepthController.least); when the recent verifies lose as a whole, it switches speculation
