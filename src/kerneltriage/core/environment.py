@@ -7,9 +7,11 @@ on this machine — no git, no NVML, no GPU — is recorded as None, never guess
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -60,27 +62,49 @@ class Snapshot:
         return cls(**{key: value for key, value in data.items() if key in known})
 
 
-def _run_git(*args: str) -> str | None:
-    """stdout of `git args` run in the package folder, or None when git is missing or refuses."""
+def _run_git(*args: str, cwd: Path = _PACKAGE_DIR) -> str | None:
+    """stdout of `git args` run in `cwd` (the package folder), or None when git is missing or refuses."""
     try:
-        done = subprocess.run(
-            ["git", *args], cwd=_PACKAGE_DIR, capture_output=True, text=True, timeout=GIT_TIMEOUT_S
-        )
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=GIT_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    return done.stdout if done.returncode == 0 else None
 
 
-def git_state() -> dict[str, Any]:
-    """Commit and dirty flag of the kerneltriage source tree; None for both when not run from a checkout.
+def git_state(cwd: Path = _PACKAGE_DIR) -> dict[str, Any]:
+    """Commit, dirty flag and the SHA-256 of `git diff HEAD` (the uncommitted changes to tracked files) of the
+    kerneltriage source tree; None for each when not run from a checkout.
 
+    The sha alone does not pin the code that ran when the tree was dirty; the diff's hash does (two runs with the
+    same sha and hash ran the same tracked code). Untracked files count for neither, as in `git status -uno`.
     `ls-files` guards against an installed copy inside some other repository (e.g. a venv in a project).
     """
-    if _run_git("ls-files", "--error-unmatch", "__init__.py") is None:
-        return {"sha": None, "dirty": None}
-    sha = _run_git("rev-parse", "HEAD")
-    status = _run_git("status", "--porcelain", "--untracked-files=no")
-    return {"sha": sha, "dirty": None if status is None else bool(status)}
+    unknown = {"sha": None, "dirty": None, "diff_sha256": None}
+    if _run_git("ls-files", "--error-unmatch", "__init__.py", cwd=cwd) is None:
+        return unknown
+    sha = _run_git("rev-parse", "HEAD", cwd=cwd)
+    status = _run_git("status", "--porcelain", "--untracked-files=no", cwd=cwd)
+    diff = _run_git("diff", "HEAD", "--binary", cwd=cwd)
+    return {"sha": None if sha is None else sha.strip(),
+            "dirty": None if status is None else bool(status.strip()),
+            "diff_sha256": None if diff is None else hashlib.sha256(diff.encode()).hexdigest()}
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command that is running, as a user would type it again: `kerneltriage ab …`, `python -m kerneltriage
+    …`, `python benchmarks/tools/x.py …` (a script inside the repository by its path from the root, so that no
+    machine's own folders are recorded)."""
+    argv = list(sys.argv if argv is None else argv) or [""]
+    program = Path(argv[0])
+    if program.name == "__main__.py":
+        head = ["python", "-m", program.parent.name]
+    elif program.suffix == ".py":
+        root = _PACKAGE_DIR.parent.parent
+        inside = program.resolve().is_relative_to(root)
+        head = ["python", str(program.resolve().relative_to(root)) if inside else program.name]
+    else:
+        head = [program.name]
+    return shlex.join(head + argv[1:])
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
@@ -228,6 +252,7 @@ def capture_environment() -> dict[str, Any]:
     return {
         "captured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "git": git_state(),
+        "command": command_line(),
         "python": platform.python_version(),
         "packages": package_versions(),
         "os": {"system": platform.system(), "release": platform.release(), "machine": platform.machine()},
