@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import os
+import shutil
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
@@ -21,6 +24,11 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     # Triton kernels run in Triton's interpreter on a machine without CUDA: read when triton itself is first
     # imported, so it is set here, before any test imports it (tests/test_kernels_triton.py).
     os.environ["TRITON_INTERPRET"] = "1"
+# A command run without --ledger records into the user's ledger: in tests, a throwaway one (set before any CLI module
+# reads the default; subprocesses inherit it).
+_LEDGER_DIR = tempfile.mkdtemp(prefix="kt-test-ledger-")
+atexit.register(shutil.rmtree, _LEDGER_DIR, True)
+os.environ["KERNELTRIAGE_LEDGER"] = str(Path(_LEDGER_DIR) / "ledger.db")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -46,6 +46,21 @@ def test_list_via_the_real_entry_point(ledger_path: Path) -> None:
     assert done.stdout.index("baseline") < done.stdout.index("graphs [red]")  # newest first
 
 
+def test_the_default_ledger_is_found_from_any_folder(tmp_path: Path, ledger_path: Path) -> None:
+    """What a command recorded in one folder, `ledger list` shows from another (it was the current folder's)."""
+    data = tmp_path / "data"
+    (data / "kerneltriage").mkdir(parents=True)
+    ledger_path.rename(data / "kerneltriage" / "ledger.db")
+    env = {**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": "160", "XDG_DATA_HOME": str(data)}
+    env.pop("KERNELTRIAGE_LEDGER")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run([sys.executable, "-m", "kerneltriage", "ledger", "list"], env=env, cwd=elsewhere,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "graphs [red]" in done.stdout and "baseline" in done.stdout
+
+
 def test_errors_are_one_line_with_status_2(tmp_path: Path, ledger_path: Path) -> None:
     noise = tmp_path / "noise.db"
     noise.write_bytes(os.urandom(4096))

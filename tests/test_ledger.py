@@ -20,7 +20,7 @@ import pytest
 from kerneltriage.core import ledger_schema
 from kerneltriage.core.environment import Snapshot
 from kerneltriage.core.errors import InputError
-from kerneltriage.core.ledger import Ledger
+from kerneltriage.core.ledger import Ledger, default_ledger_path
 from kerneltriage.core.measurement import Measurement, MeasurementSpec
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -224,10 +224,20 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
         Ledger(path)
 
 
-def test_default_path_and_missing_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_path_is_the_users_data_folder_and_missing_file(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """One ledger per user wherever a command runs: $KERNELTRIAGE_LEDGER, else $XDG_DATA_HOME, else ~/.local/share."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KERNELTRIAGE_LEDGER")
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_ledger_path() == tmp_path / "home" / ".local" / "share" / "kerneltriage" / "ledger.db"
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     Ledger().close()
-    assert (tmp_path / ".kerneltriage" / "ledger.db").is_file()
+    assert (tmp_path / "data" / "kerneltriage" / "ledger.db").is_file()
+    assert not (tmp_path / ".kerneltriage").exists()  # nothing in the current folder
+    monkeypatch.setenv("KERNELTRIAGE_LEDGER", str(tmp_path / "mine.db"))
+    assert default_ledger_path() == tmp_path / "mine.db"
     with pytest.raises(InputError, match="absent.db: no such file"):
         Ledger(tmp_path / "absent.db", create=False)
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from kerneltriage.core.ledger import DEFAULT_LEDGER_PATH
+from kerneltriage.core.ledger import default_ledger_path
 from kerneltriage.core.units import format_sig
 
 OUTPUTS = ("table", "json", "md")
@@ -79,7 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "per line, in the chat template) instead of random tokens: how speculation is judged")
     add("--no-chat", dest="chat", action="store_false", help="with --prompts: the prompts as written, no chat template")
     add("--output", choices=OUTPUTS, default="table", help="table | json | md (default: table)")
-    add("--ledger", type=Path, default=DEFAULT_LEDGER_PATH, help="ledger file (default: %(default)s)")
+    add("--ledger", type=Path, default=default_ledger_path(), help="ledger file (default: %(default)s)")
     parser.set_defaults(func=run)
 
 

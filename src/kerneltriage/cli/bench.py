@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from kerneltriage.cli.common import LEVERS_HELP, add_model_arguments
-from kerneltriage.core.ledger import DEFAULT_LEDGER_PATH
+from kerneltriage.core.ledger import default_ledger_path
 
 OUTPUTS = ("table", "md", "csv", "json")
 KERNEL_PROFILE_STEPS = 8  # decode steps profiled for the kernels-per-token figure (GPU only)
@@ -68,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(kerneltriage on its other backend; join its levers with '+')")
     parser.add_argument("--llama-bench", type=Path, help="a llama-bench binary for the llama.cpp peer")
     parser.add_argument("--output", choices=OUTPUTS, default="table", help="table | md | csv | json (default: table)")
-    parser.add_argument("--ledger", type=Path, default=DEFAULT_LEDGER_PATH, help="ledger file (default: %(default)s)")
+    parser.add_argument("--ledger", type=Path, default=default_ledger_path(), help="ledger file (default: %(default)s)")
     parser.set_defaults(func=run)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from kerneltriage.cli.common import add_model_arguments
 from kerneltriage.core.errors import InputError
-from kerneltriage.core.ledger import DEFAULT_LEDGER_PATH
+from kerneltriage.core.ledger import default_ledger_path
 
 ACTIONS = ("check", "run")
 EPILOG = """examples:
@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-n", "--n-gen", dest="gen", type=int, default=32, help="ab decode tokens (32)")
     parser.add_argument("-r", "--repetitions", dest="pairs", type=int, default=8, help="ab pairs per block (8)")
     parser.add_argument("--output", choices=("table", "json"), default="table", help="table | json")
-    parser.add_argument("--ledger", type=Path, default=DEFAULT_LEDGER_PATH, help="ledger file (default: %(default)s)")
+    parser.add_argument("--ledger", type=Path, default=default_ledger_path(), help="ledger file (default: %(default)s)")
     parser.set_defaults(func=run)
 
 

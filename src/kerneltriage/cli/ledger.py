@@ -15,7 +15,7 @@ from rich.text import Text
 from kerneltriage.cli.tables import add_row, folded_table
 
 from kerneltriage.core.errors import InputError
-from kerneltriage.core.ledger import DEFAULT_LEDGER_PATH, ExperimentRecord, ExperimentRow, Ledger
+from kerneltriage.core.ledger import ExperimentRecord, ExperimentRow, Ledger, default_ledger_path
 from kerneltriage.core.ledger_export import FORMATS, MD_COLUMNS, measurement_cells
 
 DEFAULT_LIST_LIMIT = 20
@@ -30,7 +30,7 @@ def _positive_int(text: str) -> int:
 def _action(actions: argparse._SubParsersAction, name: str, help_text: str) -> argparse.ArgumentParser:
     parser = actions.add_parser(name, help=help_text, description=help_text)
     parser.add_argument(
-        "--ledger", type=Path, default=DEFAULT_LEDGER_PATH, help="ledger file (default: %(default)s)"
+        "--ledger", type=Path, default=default_ledger_path(), help="ledger file (default: %(default)s)"
     )
     parser.set_defaults(func=run, ledger_action=name)
     return parser

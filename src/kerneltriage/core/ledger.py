@@ -13,6 +13,7 @@ holds the write lock, so concurrent writers only wait for each other's short com
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -27,7 +28,20 @@ from kerneltriage.core.ledger_schema import connect
 from kerneltriage.core.measurement import Measurement
 from kerneltriage.core.verdict import VERDICTS
 
-DEFAULT_LEDGER_PATH = Path(".kerneltriage") / "ledger.db"
+LEDGER_ENV = "KERNELTRIAGE_LEDGER"
+
+
+def default_ledger_path() -> Path:
+    """One ledger per user, wherever a command runs: `$KERNELTRIAGE_LEDGER`, else
+    `$XDG_DATA_HOME/kerneltriage/ledger.db`, else `~/.local/share/kerneltriage/ledger.db` (the XDG data folder:
+    the ledger is the user's record, not a cache that may be deleted)."""
+    if os.environ.get(LEDGER_ENV):
+        return Path(os.environ[LEDGER_ENV]).expanduser()
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "kerneltriage" / "ledger.db"
+
+
+DEFAULT_LEDGER_PATH = default_ledger_path()  # as the environment was at import; `Ledger()` reads it again
 _EXPERIMENT_COLUMNS = "id, created, kind, label, verdict, config, environment, summary, contended"
 
 
@@ -154,8 +168,8 @@ class Experiment:
 class Ledger:
     """An open ledger file. Use as a context manager, or call `close()`."""
 
-    def __init__(self, path: Path | str = DEFAULT_LEDGER_PATH, create: bool = True) -> None:
-        self.path = Path(path)
+    def __init__(self, path: Path | str | None = None, create: bool = True) -> None:
+        self.path = default_ledger_path() if path is None else Path(path)
         if self.path.is_dir():
             raise InputError(f"ledger {self.path}: is a folder; expected a ledger file, e.g. {self.path / 'ledger.db'}")
         if not create and not self.path.is_file():
