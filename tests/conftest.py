@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 import torch
 
+from kerneltriage.engine.architectures import ARCHITECTURES
 from kerneltriage.engine.checkpoint import Checkpoint, RawTensor
 from kerneltriage.engine.config import ModelConfig, RopeScaling
 
-ARCHS = ("llama", "qwen2", "qwen3")
+ARCHS = tuple(ARCHITECTURES)
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     # Triton kernels run in Triton's interpreter on a machine without CUDA: read when triton itself is first
     # imported, so it is set here, before any test imports it (tests/test_kernels_triton.py).
@@ -57,7 +58,8 @@ def tiny_config(arch: str, **changes: object) -> ModelConfig:
     base = dict(
         arch=arch, vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
         num_kv_heads=2, head_dim=16, max_context=128, rope_theta=10000.0, rms_eps=1e-6,
-        tie_embeddings=arch != "llama", attention_bias=arch == "qwen2", qk_norm=arch == "qwen3",
+        tie_embeddings=arch != "llama", attention_bias=ARCHITECTURES[arch].attention_bias,
+        qk_norm=ARCHITECTURES[arch].qk_norm,
         eos_token_ids=(), name=f"tiny-{arch}", random_weights=False,
     )
     if arch == "llama":

@@ -8,14 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from kerneltriage.core.errors import InputError
+from kerneltriage.engine import architectures
+from kerneltriage.engine.architectures import HF_MODEL_TYPES, Architecture
 from kerneltriage.engine.metadata import SettingsReader, is_int
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
+ARCHITECTURES = tuple(architectures.ARCHITECTURES)  # their names (engine/architectures.py has what each is)
 # Positions a model may claim: 16M is 100x the longest real context; 2^31-1 (a fuzzed header) is not a model.
 MAX_CONTEXT = 1 << 24
-
-# HF `model_type` / `architectures[0]` → our architecture name.
-_HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama"}
 
 
 @dataclass(frozen=True)
@@ -33,6 +32,11 @@ class RopeScaling:
             raise ValueError(f"rope scaling: bad factors {self}")
         if self.original_max_position <= 0:
             raise ValueError(f"rope scaling: original_max_position={self.original_max_position}, expected > 0")
+
+    def to_hf(self) -> dict[str, Any]:
+        """As config.json spells it (`rope_scaling`)."""
+        return {"rope_type": "llama3", "factor": self.factor, "low_freq_factor": self.low_freq_factor,
+                "high_freq_factor": self.high_freq_factor, "original_max_position_embeddings": self.original_max_position}
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,11 @@ class ModelConfig:
                 raise ValueError(f"special token id {tok!r} outside the vocabulary of {self.vocab_size}")
 
     @property
+    def architecture(self) -> Architecture:
+        """What this architecture is (engine/architectures.py)."""
+        return architectures.ARCHITECTURES[self.arch]
+
+    @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
 
@@ -108,22 +117,36 @@ class ModelConfig:
     def from_hf(cls, cfg: Mapping[str, Any], name: str = "") -> "ModelConfig":
         """Build from a Hugging Face config.json dictionary; a missing or bad value is an InputError naming it."""
         model_type = cfg.get("model_type", "")
-        arch = _HF_MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
-        if arch is None:
-            raise InputError(f"config.json model_type {model_type!r}: expected one of {', '.join(_HF_MODEL_TYPES)}")
+        record = HF_MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
+        if record is None:
+            raise InputError(f"config.json model_type {model_type!r}: expected one of {', '.join(HF_MODEL_TYPES)}")
         read = SettingsReader(cfg, "config.json")
         heads, hidden = read.size("num_attention_heads"), read.size("hidden_size")
         return _build(
-            "config.json", arch=arch, vocab_size=read.size("vocab_size"), hidden_size=hidden,
+            "config.json", arch=record.name, vocab_size=read.size("vocab_size"), hidden_size=hidden,
             intermediate_size=read.size("intermediate_size"), num_layers=read.size("num_hidden_layers"),
             num_heads=heads, num_kv_heads=read.size("num_key_value_heads", heads),
             head_dim=read.size("head_dim", hidden // heads), max_context=read.size("max_position_embeddings", 4096),
             rope_theta=read.number("rope_theta", (read.mapping("rope_parameters") or {}).get("rope_theta", 10000.0)),
-            rms_eps=read.number("rms_norm_eps", 1e-5), tie_embeddings=read.flag("tie_word_embeddings"),
-            attention_bias=arch == "qwen2" or read.flag("attention_bias"), qk_norm=arch == "qwen3",
+            rms_eps=read.number("rms_norm_eps", 1e-5),
+            tie_embeddings=read.flag("tie_word_embeddings", record.tie_embeddings),
+            attention_bias=record.attention_bias or read.flag("attention_bias"), qk_norm=record.qk_norm,
             rope_scaling=_hf_rope_scaling(read), bos_token_id=read.token("bos_token_id"),
             eos_token_ids=read.tokens("eos_token_id"), name=name,
         )
+
+    def to_hf(self) -> dict[str, Any]:
+        """This config as a Hugging Face config.json dictionary, which `from_hf` reads back: a draft folder's
+        config, a peer's model built to our shapes."""
+        arch = self.architecture
+        hf = {"model_type": arch.hf_model_type, "architectures": [arch.hf_class], "vocab_size": self.vocab_size,
+              "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+              "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
+              "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
+              "max_position_embeddings": self.max_context, "rope_theta": self.rope_theta, "rms_norm_eps": self.rms_eps,
+              "tie_word_embeddings": self.tie_embeddings, "attention_bias": self.attention_bias,
+              "bos_token_id": self.bos_token_id, "eos_token_id": list(self.eos_token_ids)}
+        return hf | ({} if self.rope_scaling is None else {"rope_scaling": self.rope_scaling.to_hf()})
 
     @classmethod
     def from_gguf(cls, meta: Mapping[str, Any], has_output_tensor: bool, name: str = "") -> "ModelConfig":
@@ -134,6 +157,7 @@ class ModelConfig:
         arch = meta.get("general.architecture", "")
         if arch not in ARCHITECTURES:
             raise InputError(f"GGUF general.architecture {arch!r}: expected one of {', '.join(ARCHITECTURES)}")
+        record = architectures.ARCHITECTURES[arch]
         read = SettingsReader(meta, "GGUF metadata", prefix=f"{arch}.")
         heads, hidden = read.size("attention.head_count"), read.size("embedding_length")
         tokens = meta.get("tokenizer.ggml.tokens")
@@ -148,7 +172,7 @@ class ModelConfig:
             head_dim=read.size("attention.key_length", None) or read.size("rope.dimension_count", hidden // heads),
             max_context=read.size("context_length"), rope_theta=read.number("rope.freq_base", 10000.0),
             rms_eps=read.number("attention.layer_norm_rms_epsilon"), tie_embeddings=not has_output_tensor,
-            attention_bias=arch == "qwen2", qk_norm=arch == "qwen3",
+            attention_bias=record.attention_bias, qk_norm=record.qk_norm,
             bos_token_id=global_read.token("tokenizer.ggml.bos_token_id"),
             eos_token_ids=() if eos is None else (eos,), name=name,
         )

@@ -53,8 +53,8 @@ def gguf_to_internal(contents: GGUFContents, config: ModelConfig) -> dict[str, R
         if internal is None:
             continue
         heads_attr = _PERMUTED_HEADS.get(internal.split(".", 2)[-1])
-        # Only the `llama` converter permutes; qwen2/qwen3 use NeoX rope in llama.cpp and are stored as in HF.
-        if config.arch == "llama" and heads_attr is not None:
+        # Only architectures llama.cpp rotates in adjacent pairs were permuted; NeoX ones are stored as in HF.
+        if config.architecture.gguf_permuted_qk and heads_attr is not None:
             raw = RawTensor(raw.qtype, raw.shape, names.gguf_unpermute_rows(raw.data, getattr(config, heads_attr)))
         out[internal] = raw
     return out

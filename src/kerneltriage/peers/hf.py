@@ -30,25 +30,20 @@ from kerneltriage.bench.compare import NOT_INSTALLED, PeerRun
 from kerneltriage.bench.harness import Sample
 from kerneltriage.bench.workloads import Test, Tokens
 
-_HF_CONFIGS = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
-
+# config.json keys a built config is not given: what it is (its class says) and the special tokens (EOS is ignored)
+_NOT_PASSED = ("model_type", "architectures", "bos_token_id", "eos_token_id")
 
 # ---- Hugging Face transformers ----------------------------------------------------------------------
 
 def _hf_config(runner: Runner) -> Any:
+    """transformers' config of the runner's model: ours as config.json spells it (ModelConfig.to_hf)."""
     import transformers
 
-    c = runner.config
-    rope = c.rope_scaling
-    scaling = None if rope is None else {
-        "rope_type": "llama3", "factor": rope.factor, "low_freq_factor": rope.low_freq_factor,
-        "high_freq_factor": rope.high_freq_factor, "original_max_position_embeddings": rope.original_max_position}
-    return getattr(transformers, _HF_CONFIGS[c.arch])(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim, max_position_embeddings=c.max_context, rms_norm_eps=c.rms_eps,
-        tie_word_embeddings=c.tie_embeddings, rope_theta=c.rope_theta, rope_scaling=scaling,
-        **({"attention_bias": c.attention_bias} if c.arch == "llama" else {}))
+    config = runner.config
+    hf = {key: value for key, value in config.to_hf().items() if key not in _NOT_PASSED}
+    if config.architecture.attention_bias:
+        hf.pop("attention_bias")  # biased always: its config has no switch for it
+    return getattr(transformers, config.architecture.hf_config)(**hf)
 
 
 def load_hf(runner: Runner) -> torch.nn.Module:

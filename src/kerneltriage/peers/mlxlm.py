@@ -15,6 +15,7 @@ greedy token read. tg: `generate_step` for N + 1 tokens after the prefix, greedy
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import time
 from pathlib import Path
@@ -31,16 +32,7 @@ NAME = "mlx-lm"
 
 def hf_config(checkpoint: Checkpoint) -> dict[str, Any]:
     """Our ModelConfig as the HF config.json mlx-lm's ModelArgs read."""
-    c = checkpoint.config
-    rope = None if c.rope_scaling is None else {
-        "rope_type": "llama3", "factor": c.rope_scaling.factor, "low_freq_factor": c.rope_scaling.low_freq_factor,
-        "high_freq_factor": c.rope_scaling.high_freq_factor,
-        "original_max_position_embeddings": c.rope_scaling.original_max_position}
-    return {"model_type": c.arch, "hidden_size": c.hidden_size, "num_hidden_layers": c.num_layers,
-            "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_heads,
-            "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "rms_norm_eps": c.rms_eps,
-            "vocab_size": c.vocab_size, "max_position_embeddings": c.max_context, "rope_theta": c.rope_theta,
-            "rope_scaling": rope, "tie_word_embeddings": c.tie_embeddings, "attention_bias": c.attention_bias}
+    return checkpoint.config.to_hf()
 
 
 def gguf_weights(checkpoint: Checkpoint, dtype: Any) -> tuple[dict[str, Any], dict[str, int]]:
@@ -66,10 +58,10 @@ def load_gguf_model(checkpoint: Checkpoint, dtype: Any) -> Any:
     """mlx-lm's model for the checkpoint's architecture over the GGUF's blocks, evaluated."""
     import mlx.core as mx
     import mlx.nn as nn
-    from mlx_lm.utils import _get_classes
 
-    model_class, args_class = _get_classes(hf_config(checkpoint))
-    model = model_class(args_class.from_dict(hf_config(checkpoint)))
+    # mlx-lm's model files are named after the HF model_type, each with a `Model` and its `ModelArgs`
+    architecture = importlib.import_module(f"mlx_lm.models.{checkpoint.config.architecture.hf_model_type}")
+    model = architecture.Model(architecture.ModelArgs.from_dict(hf_config(checkpoint)))
     weights, bits = gguf_weights(checkpoint, dtype)
     nn.quantize(model, class_predicate=lambda path, module: (
         {"group_size": 32, "bits": bits[path]} if path in bits else False))

@@ -204,20 +204,7 @@ def save_folder(student: Runner, folder: Path) -> None:
     from safetensors.torch import save_file
 
     checkpoint, config = student.checkpoint, student.checkpoint.config
-    model_type = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}[config.arch]
-    hf = {"model_type": model_type, "architectures": [f"{model_type.capitalize()}ForCausalLM"],
-          "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
-          "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
-          "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
-          "head_dim": config.head_dim, "max_position_embeddings": config.max_context, "rope_theta": config.rope_theta,
-          "rms_norm_eps": config.rms_eps, "tie_word_embeddings": config.tie_embeddings,
-          "attention_bias": config.attention_bias, "bos_token_id": config.bos_token_id,
-          "eos_token_id": list(config.eos_token_ids), "torch_dtype": "bfloat16"}
-    if config.rope_scaling is not None:
-        scaling = config.rope_scaling
-        hf["rope_scaling"] = {"rope_type": "llama3", "factor": scaling.factor, "low_freq_factor": scaling.low_freq_factor,
-                              "high_freq_factor": scaling.high_freq_factor,
-                              "original_max_position_embeddings": scaling.original_max_position}
+    hf = config.to_hf() | {"torch_dtype": "bfloat16"}
     weights = {names.from_internal(internal, names.HF):
                student.model.get_parameter(param_name(internal)).detach().to("cpu", torch.bfloat16).contiguous()
                for internal in checkpoint.tensors if param_name(internal) is not None}

@@ -1,4 +1,5 @@
-"""The architecture registry: one model file per architecture, the class chosen by `ModelConfig.arch`."""
+"""The architecture registry: one model file per architecture of `engine/architectures.py` (tests/test_architectures.py
+checks it against the records), the class chosen by `ModelConfig.arch`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ MODELS: dict[str, type[Model]] = {"llama": llama.Model, "qwen2": qwen2.Model, "q
 
 
 def model_class(arch: str) -> type[Model]:
-    """The Model class of an architecture (ModelConfig validates `arch` against engine/config.ARCHITECTURES)."""
+    """The Model class of an architecture (ModelConfig validates `arch` against engine/architectures.py)."""
     return MODELS[arch]
 
 
