@@ -137,10 +137,11 @@ def test_tiny_weights_are_the_checkpoint_tensors() -> None:
 
 def test_rope_frequencies_stay_float32_in_a_bf16_model() -> None:
     """Cast with the weights, bf16 frequencies were off by up to 0.4%: radians of angle by position 2048."""
-    from kerneltriage.backends.torch.models.llama import rope_inv_freq
+    from kerneltriage.engine.rope import rope_inv_freq
 
     runner = tiny_runner("llama", dtype="bfloat16")
     model = runner.model
     assert runner.dtype == "bfloat16" and runner.torch_dtype == torch.bfloat16
     assert model.lm_head.weight.dtype == model.norm.weight.dtype == torch.bfloat16
-    assert model.inv_freq.dtype == torch.float32 and torch.equal(model.inv_freq, rope_inv_freq(runner.config))
+    assert model.inv_freq.dtype == torch.float32
+    assert torch.equal(model.inv_freq, torch.from_numpy(rope_inv_freq(runner.config)))

@@ -70,6 +70,12 @@ def from_internal(name: str, which: int) -> str:
     return LAYER_NAMES[suffix][which].format(i=index)
 
 
+def param_name(internal: str) -> str | None:
+    """An internal name → the parameter path in either backend's Model: its HF name without `model.` (None for a
+    tensor that is no parameter: rope_freqs, which the loaders turn into `inv_freq`)."""
+    return from_internal(internal, HF).removeprefix("model.") or None
+
+
 def gguf_unpermute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:
     """Undo the Q/K row permutation that llama.cpp's converter applies to `llama` models.
 

@@ -13,33 +13,13 @@ from mlx.utils import tree_flatten
 
 from kerneltriage.backends.mlx.dequant import dequantize
 from kerneltriage.backends.mlx.models import Model, model_class
-from kerneltriage.backends.mlx.models.llama import rope_inv_freq
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.checkpoint import Checkpoint
+from kerneltriage.engine.names import param_name
 from kerneltriage.engine.presets import PRESET_SEED
+from kerneltriage.engine.rope import rope_inv_freq
 
-# internal layer suffix → attribute path inside a TransformerBlock (the torch loader's map, MLX's names are the same)
-_LAYER_PARAMS = {
-    "attn_norm": "input_layernorm.weight",
-    "q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight", "v": "self_attn.v_proj.weight",
-    "o": "self_attn.o_proj.weight",
-    "q_bias": "self_attn.q_proj.bias", "k_bias": "self_attn.k_proj.bias", "v_bias": "self_attn.v_proj.bias",
-    "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight",
-    "mlp_norm": "post_attention_layernorm.weight",
-    "gate": "mlp.gate_proj.weight", "up": "mlp.up_proj.weight", "down": "mlp.down_proj.weight",
-}
-_GLOBAL_PARAMS = {"embed": "embed_tokens.weight", "norm": "norm.weight", "lm_head": "lm_head.weight"}
 INIT_STD = 0.02
-
-
-def param_name(internal: str) -> str | None:
-    """Our internal tensor name → the Model's parameter path (None for non-parameters like rope_freqs)."""
-    if internal in _GLOBAL_PARAMS:
-        return _GLOBAL_PARAMS[internal]
-    if internal.startswith("layers."):
-        _, index, suffix = internal.split(".", 2)
-        return f"layers.{index}.{_LAYER_PARAMS[suffix]}"
-    return None
 
 
 def load_model(checkpoint: Checkpoint, dtype: mx.Dtype) -> Model:

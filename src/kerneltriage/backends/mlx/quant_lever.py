@@ -16,10 +16,11 @@ import functools
 import mlx.core as mx
 
 from kerneltriage.backends.mlx import counting
-from kerneltriage.backends.mlx.load import keep_stock_weights, param_name
+from kerneltriage.backends.mlx.load import keep_stock_weights
 from kerneltriage.backends.mlx.quant import NATIVE_TYPES, QuantizedEmbedding, QuantizedLinear, dequantize, pack
 from kerneltriage.backends.mlx.runner import Runner
 from kerneltriage.core.errors import InputError
+from kerneltriage.engine.names import param_name
 
 LEVER = "quantized"
 

@@ -22,11 +22,11 @@ import torch.nn.functional as F
 
 from kerneltriage.backends.torch.backend import build_runner
 from kerneltriage.backends.torch.cache import KVCache
-from kerneltriage.backends.torch.load import param_name
 from kerneltriage.backends.torch.models import Model
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine import names
+from kerneltriage.engine.names import param_name
 from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.generation import generate_step
 from kerneltriage.engine.sampling import SamplingParams

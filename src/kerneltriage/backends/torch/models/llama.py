@@ -7,7 +7,6 @@ own head counts, so a transform (sharding, a MoE block) can change them per modu
 
 from __future__ import annotations
 
-import math
 from typing import Callable, NamedTuple
 
 import torch
@@ -76,26 +75,6 @@ class Step(NamedTuple):
     sin: torch.Tensor  # (T, D)
     cache: KVCache
     attention: AttentionFn
-
-
-def rope_inv_freq(config: ModelConfig, freq_factors: torch.Tensor | None = None) -> torch.Tensor:
-    """Inverse frequencies θ^(-2i/D), with Llama-3 scaling (from config.json) or GGUF `rope_freqs`."""
-    dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    if freq_factors is not None:
-        return (inv_freq / freq_factors.double()).float()
-    rs = config.rope_scaling
-    if rs is None:
-        return inv_freq.float()
-    # Llama-3: long wavelengths slowed by `factor`, short ones kept, a smooth ramp between.
-    wavelen = 2 * math.pi / inv_freq
-    low_wavelen = rs.original_max_position / rs.low_freq_factor
-    high_wavelen = rs.original_max_position / rs.high_freq_factor
-    smooth = (rs.original_max_position / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
-    blended = (1 - smooth) * inv_freq / rs.factor + smooth * inv_freq
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / rs.factor, inv_freq)
-    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return torch.where(is_medium, blended, scaled).float()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
