@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from kerneltriage.bench.ab import Settings, build_runners, run_ab
     from kerneltriage.bench.ab_report import record
     from kerneltriage.bench.workloads import check_fits, load_prompt_set
+    from kerneltriage.cli.common import check_before_loading
     from kerneltriage.core.environment import capture_environment
     from kerneltriage.core.errors import InputError
     from kerneltriage.core.ledger import Ledger
@@ -96,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from kerneltriage.engine.sources import load_checkpoint
 
     a, b = RunConfig.parse(args.a, "--a"), RunConfig.parse(args.b, "--b")
+    check_before_loading(args, a, b)
     if args.prompts is not None and not args.prompts.is_file():
         raise InputError(f"--prompts {args.prompts}: no such file (expected JSON lines of {{\"prompt\": ...}})")
     backend = get_backend(args.backend)

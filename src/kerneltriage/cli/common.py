@@ -52,18 +52,28 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_config(args: argparse.Namespace, speculate: bool = True) -> RunConfig:
-    """The configuration the flags ask for, and the backend checked (an InputError before any loading when they are
+    """The configuration the flags ask for, with every flag checked (an InputError before any loading when one is
     wrong)."""
-    from kerneltriage.engine.backend import backend_name
     from kerneltriage.engine.levers import parse_levers
     from kerneltriage.engine.speculative.config import parse_speculation
 
-    backend_name(args.backend)
     try:
         levers = parse_levers(args.levers)
     except InputError as exc:
         raise InputError(f"--levers {args.levers!r}: {exc}") from None
-    return RunConfig(levers, parse_speculation(args.spec, args.spec_depth) if speculate else None)
+    config = RunConfig(levers, parse_speculation(args.spec, args.spec_depth))
+    check_before_loading(args, config)
+    return config if speculate else RunConfig(config.levers)
+
+
+def check_before_loading(args: argparse.Namespace, *configs: RunConfig) -> None:
+    """--backend/--device/--dtype spelled right and the draft model or head file each configuration speculates with
+    there: seconds before loading would find out. (--model is load_checkpoint's first check, before it reads.)"""
+    from kerneltriage.engine.preflight import check_engine, check_speculation
+
+    check_engine(args.backend, args.device, args.dtype)
+    for config in configs:
+        check_speculation(config.speculation)
 
 
 def _nvidia_device_nodes() -> bool | None:

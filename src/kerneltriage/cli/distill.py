@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from kerneltriage.cli.common import add_engine_arguments, build_runner
+from kerneltriage.cli.common import add_engine_arguments, build_runner, check_before_loading
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.configuration import RunConfig
 
@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if backend_name(args.backend) != "torch":
         raise InputError(f"--backend {args.backend}: distill trains with torch; expected --backend torch or auto")
     args.backend = "torch"
+    check_before_loading(args)
     if args.eagle:
         return _run_eagle(args)
     checkpoint = load_checkpoint(args.model)

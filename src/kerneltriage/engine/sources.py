@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.config import ModelConfig
+from kerneltriage.engine.preflight import check_model_spec
 from kerneltriage.engine.presets import PRESETS, get_preset
 from kerneltriage.engine.tokenizer import Tokenizer
 from kerneltriage.engine.validate import check_tensors
@@ -14,23 +17,32 @@ from kerneltriage.engine.validate import check_tensors
 DEFAULT = "default"
 
 
-def load_checkpoint(spec: str = DEFAULT) -> Checkpoint:
-    """What `--model SPEC` names, read and validated (weights stay memory-mapped until a backend loads them)."""
+def load_checkpoint(spec: str = DEFAULT, label: str | None = None) -> Checkpoint:
+    """What `--model SPEC` names, read and validated (weights stay memory-mapped until a backend loads them);
+    `label` is how errors about the spec itself name it (default `--model 'SPEC'`)."""
+    check_model_spec(spec, label)
+    if spec in PRESETS:
+        return _from_preset(spec)
     if spec == DEFAULT:
         from kerneltriage.engine.fetch import default_model_path
 
-        return _from_gguf(default_model_path())
-    if spec in PRESETS:
-        return _from_preset(spec)
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        return _from_hf_dir(path)
-    if path.suffix == ".gguf" or path.exists():
-        return _from_gguf(path)
-    raise InputError(
-        f"--model {spec!r}: expected 'default', a preset ({', '.join(PRESETS)}), a .gguf file "
-        "or a Hugging Face folder with config.json"
-    )
+        path = default_model_path()
+    else:
+        path = Path(spec).expanduser()
+    with _naming(path):
+        return _from_hf_dir(path) if path.is_dir() else _from_gguf(path)
+
+
+@contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """Every error about a model's contents names its file: a header's value or a tokenizer's key alone does not
+    say which of two models (a target and its draft) or of many files (a fuzz run) it came from."""
+    try:
+        yield
+    except InputError as exc:
+        if str(path) in str(exc):
+            raise
+        raise InputError(f"{path}: {exc}") from exc
 
 
 def _from_preset(name: str) -> Checkpoint:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import mlx.core as mx
 
 from kerneltriage.core.errors import InputError
+from kerneltriage.engine.preflight import MLX_GPU_NAMES as GPU_NAMES
 
 # what --dtype accepts → the canonical name (`getattr(mx, name)` is the MLX dtype)
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}
-GPU_NAMES = ("gpu", "metal", "cuda", "cuda:0")
 
 
 def gpu_type() -> str | None:

@@ -69,7 +69,7 @@ def build_drafter(speculation: Speculation, runner: Any, self_drafter: Callable[
         return self_drafter(layers)
     from kerneltriage.engine.sources import load_checkpoint
 
-    checkpoint = load_checkpoint(speculation.draft_model)
+    checkpoint = load_checkpoint(speculation.draft_model, f"--spec {speculation.source_text!r}")
     check_same_vocabulary(runner.checkpoint, checkpoint)
     return draft_runner(checkpoint)
 
