@@ -16,7 +16,7 @@ import torch
 from conftest import ARCHS, tiny_runner
 from kerneltriage.backends.torch.acceptance import rejection_accept
 from kerneltriage.backends.torch.cache import StaticKVCache
-from kerneltriage.backends.torch.speculative import SelfDrafter, install_speculation, model_drafter
+from kerneltriage.backends.torch.speculative import install_speculation, model_drafter, self_drafter
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.generation import generate_step
 from kerneltriage.engine.sampling import SamplingParams
@@ -288,10 +288,23 @@ def test_selfdraft_with_every_layer_drafts_the_target_greedy_tokens() -> None:
     expected = list(plain("qwen3", 5))
     assert len(set(expected)) > 1
     prefill(runner)
-    drafter = SelfDrafter(runner.model, runner.config.num_layers)
+    drafter = self_drafter(runner.model, runner.config.num_layers)
     drafter.reset(runner, 64)
     draft = drafter.draft(PROMPT + expected[:1], 4, runner.sampler(GREEDY, PROMPT))
     assert draft.tokens.tolist() == expected[1:5] and draft.probs is None  # greedy drafts carry no q
+
+
+def test_selfdraft_runs_the_output_head_the_targets_levers_left() -> None:
+    """A lever that replaces the target's head (a kernel at `lm_head`) replaces the draft's too, as on MLX."""
+    runner, heads = tiny_runner("llama"), []
+    stock = runner.model.logits
+    runner.model.logits = lambda hidden: heads.append(hidden.shape) or stock(hidden)
+    prefill(runner)
+    drafter = self_drafter(runner.model, 1)
+    drafter.reset(runner, 64)
+    heads.clear()  # (the target's prefill ran it once)
+    drafter.draft(PROMPT + [1], 3, runner.sampler(GREEDY, PROMPT))
+    assert heads == [(1, runner.config.hidden_size)] * 3
 
 
 def test_sampled_speculation_is_seeded_and_valid() -> None:

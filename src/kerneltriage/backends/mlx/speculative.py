@@ -18,25 +18,27 @@ from kerneltriage.engine.speculative.config import Speculation
 from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
 from kerneltriage.engine.speculative.draft import Draft, Drafter
 from kerneltriage.engine.speculative.drafters import ModelDrafter
+from kerneltriage.engine.speculative.selfdraft import SelfDrafter, draft_steps
 
 
 def draft_tokens(model: Model, feed: list[int], start: int, k: int, sampler: MlxSampler) -> Draft:
     """Run a draft model over `feed` (the context it has not seen) at `start`, then k-1 single steps: k tokens,
     argmax when greedy, else drawn from q = softmax(filter(logits)), q kept for the acceptance test."""
-    tokens, probs = [], []
+    probs: list[mx.array] = []
     step = mx.array([feed], dtype=mx.int32)  # (1, F)
-    for _ in range(k):
-        logits = model.logits(model.hidden(step, start)[:, -1])  # (1, V)
-        start += step.shape[1]
-        if sampler.params.greedy:
-            step = mx.argmax(logits, axis=-1, keepdims=True).astype(mx.int32)  # (1, 1)
-        else:
-            probs.append(mx.softmax(filter_logits(logits, sampler.params), axis=-1))
-            step = sample_probs(probs[-1], sampler.next_key()).astype(mx.int32).reshape(1, 1)
-        tokens.append(step.reshape(1))
-    draft = Draft(mx.concatenate(tokens), mx.concatenate(probs) if probs else None)
+    tokens = draft_steps(model, step, start, k, lambda logits: draft_token(logits, sampler, probs))
+    draft = Draft(mx.concatenate(tokens).reshape(-1), mx.concatenate(probs) if probs else None)
     mx.async_eval(draft.tokens, *([draft.probs] if probs else []))  # queued now: the decoder times the draft apart
     return draft
+
+
+def draft_token(logits: mx.array, sampler: MlxSampler, probs: list[mx.array]) -> mx.array:
+    """A drafted token (1, 1) from a draft's logits (1, V): the argmax when greedy, else drawn from
+    q = softmax(filter(logits)), q appended to `probs` for the acceptance test."""
+    if sampler.params.greedy:
+        return mx.argmax(logits, axis=-1, keepdims=True).astype(mx.int32)
+    probs.append(mx.softmax(filter_logits(logits, sampler.params), axis=-1))
+    return sample_probs(probs[-1], sampler.next_key()).astype(mx.int32).reshape(1, 1)
 
 
 class _LayerPrefixCache(KVCache):
@@ -47,29 +49,9 @@ class _LayerPrefixCache(KVCache):
         self.max_len, self.length = cache.max_len, 0
 
 
-class SelfDrafter:
-    """The target's first L layers, its final norm and lm_head (layer skip), sharing the target's KV cache.
-
-    Sharing is exact: layers < L see the same inputs in both models, so the target's entries are the ones the
-    draft would write. The draft writes positions start…start+k-1; the verify forward then rewrites start…start+k
-    in every layer, and the target's trim covers both. So the draft resumes at the target's committed length."""
-
-    def __init__(self, target: Model, layers: int) -> None:
-        self.model = type(target)(target.config.replace(num_layers=layers))
-        self.model.embed_tokens, self.model.norm, self.model.lm_head = target.embed_tokens, target.norm, target.lm_head
-        self.model.layers = target.layers[:layers]
-        self.model.inv_freq = target.inv_freq
-        self.model.attention = target.attention
-        self.target, self.layers = target, layers
-
-    def reset(self, runner: Runner, capacity: int) -> None:
-        self.model.cache = _LayerPrefixCache(runner.model.cache, self.layers)
-        self.model.logits = self.target.logits  # a lever may have replaced the target's output head
-
-    def draft(self, context: list[int], k: int, sampler: MlxSampler) -> Draft:
-        committed = len(context) - 1  # the target has cached every token but the last
-        self.model.cache.length = committed
-        return draft_tokens(self.model, context[committed:], committed, k, sampler)
+def self_drafter(target: Model, layers: int) -> SelfDrafter:
+    """The target's first `layers` layers as a drafter (engine/speculative/selfdraft.py)."""
+    return SelfDrafter(target, layers, type(target), _LayerPrefixCache, draft_tokens)
 
 
 def model_drafter(runner: Runner) -> ModelDrafter:
@@ -82,7 +64,7 @@ def build_drafter(speculation: Speculation, runner: Runner) -> Drafter:
     from kerneltriage.backends.mlx.backend import build_runner
 
     return drafters.build_drafter(
-        speculation, runner, lambda layers: SelfDrafter(runner.model, layers),
+        speculation, runner, lambda layers: self_drafter(runner.model, layers),
         lambda checkpoint: model_drafter(build_runner(checkpoint, runner.device, runner.dtype)))
 
 

@@ -6,7 +6,6 @@ acceptance is in `sampling.py`, the verify forward on the runner.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from kerneltriage.backends.torch.cache import KVCache
 from kerneltriage.backends.torch.models import Model
@@ -19,20 +18,16 @@ from kerneltriage.engine.speculative.config import TREE_EAGER_ONLY, Speculation
 from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
 from kerneltriage.engine.speculative.draft import Draft, Drafter
 from kerneltriage.engine.speculative.drafters import ModelDrafter
+from kerneltriage.engine.speculative.selfdraft import SelfDrafter, draft_steps
 
 
 def draft_tokens(model: Model, feed: list[int], start: int, k: int, sampler: TorchSampler) -> Draft:
     """Run a draft model over `feed` (the context it has not seen) at `start`, then k-1 single steps: k tokens,
     argmax when greedy, else drawn from q = softmax(filter(logits)), q kept for the acceptance test."""
-    device = model.embed_tokens.weight.device
-    tokens, probs = [], []
-    step = torch.tensor([feed], device=device)  # (1, F)
-    for _ in range(k):
-        logits = model.logits(model.hidden(step, start)[:, -1])  # (1, V)
-        start += step.shape[1]
-        step = draft_token(logits, sampler, probs)
-        tokens.append(step.view(1))
-    return Draft(torch.cat(tokens), torch.cat(probs) if probs else None)
+    probs: list[torch.Tensor] = []
+    step = torch.tensor([feed], device=model.embed_tokens.weight.device)  # (1, F)
+    tokens = draft_steps(model, step, start, k, lambda logits: draft_token(logits, sampler, probs))
+    return Draft(torch.cat(tokens).view(-1), torch.cat(probs) if probs else None)
 
 
 def draft_token(logits: torch.Tensor, sampler: TorchSampler, probs: list[torch.Tensor]) -> torch.Tensor:
@@ -52,28 +47,10 @@ class _LayerPrefixCache(KVCache):
         self.max_len, self.length = cache.max_len, 0
 
 
-class SelfDrafter:
-    """The target's first L layers, its final norm and lm_head (layer skip), sharing the target's KV cache.
-
-    Sharing is exact: layers < L see the same inputs in both models, so the target's entries are the ones the
-    draft would write. The draft writes positions start…start+k-1; the verify forward then rewrites start…start+k
-    in every layer, and the target's trim covers both. So the draft resumes at the target's committed length."""
-
-    def __init__(self, target: Model, layers: int) -> None:
-        self.model = type(target)(target.config.replace(num_layers=layers), device="meta")
-        self.model.embed_tokens, self.model.norm, self.model.lm_head = target.embed_tokens, target.norm, target.lm_head
-        self.model.layers = nn.ModuleList(target.layers[:layers])
-        self.model.inv_freq = target.inv_freq
-        self.model.attention = target.attention
-        self.layers = layers
-
-    def reset(self, runner: Runner, capacity: int) -> None:
-        self.model.cache = _LayerPrefixCache(runner.model.cache, self.layers)
-
-    def draft(self, context: list[int], k: int, sampler: TorchSampler) -> Draft:
-        committed = len(context) - 1  # the target has cached every token but the last
-        self.model.cache.length = committed
-        return draft_tokens(self.model, context[committed:], committed, k, sampler)
+def self_drafter(target: Model, layers: int) -> SelfDrafter:
+    """The target's first `layers` layers as a drafter (engine/speculative/selfdraft.py)."""
+    return SelfDrafter(target, layers, lambda config: type(target)(config, device="meta"), _LayerPrefixCache,
+                       draft_tokens)
 
 
 def model_drafter(runner: Runner) -> ModelDrafter:
@@ -88,7 +65,7 @@ def build_drafter(speculation: Speculation, runner: Runner) -> Drafter:
     from kerneltriage.backends.torch.eagle import head_drafter
 
     return drafters.build_drafter(
-        speculation, runner, lambda layers: SelfDrafter(runner.model, layers),
+        speculation, runner, lambda layers: self_drafter(runner.model, layers),
         lambda checkpoint: model_drafter(build_runner(checkpoint, runner.device, runner.torch_dtype)),
         lambda path: head_drafter(runner, path))
 
