@@ -10,8 +10,8 @@ from kerneltriage.cli.common import LEVERS_HELP, add_model_arguments, build_runn
 from kerneltriage.core.errors import InputError
 
 EPILOG = """examples:
-  kerneltriage generate --prompt "The capital of France is"
-  kerneltriage generate --chat --prompt "Write a haiku about GPUs" --temperature 0.7 --seed 1
+  kerneltriage generate --prompt "Write a haiku about GPUs" --temperature 0.7 --seed 1
+  kerneltriage generate --no-chat --prompt "The capital of France is"   (raw completion, no chat template)
   kerneltriage generate --model llama3-8b --prompt hi --max-tokens 64   (random weights: speed only)
   kerneltriage generate --model ./Qwen3-0.6B --device cpu --dtype bf16 --levers last_logits
 
@@ -51,7 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_model_arguments(parser)
     parser.add_argument("--prompt", required=True, help="the prompt text")
-    parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                        help="wrap the prompt in the model's chat template (default: when it has one, as mlx-lm does); "
+                        "--no-chat: complete the prompt as written")
     parser.add_argument("--max-tokens", type=_positive, default=128, help="new tokens at most (default: %(default)s)")
     parser.add_argument("--temperature", type=_finite, default=0.0, help="0 = greedy (default: %(default)s)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
@@ -79,21 +81,34 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--prompt '': expected some text")
     config = run_config(args)
     checkpoint = load_checkpoint(args.model)
-    prompt = encode_prompt(checkpoint, args.prompt, args.chat)
+    prompt = encode_prompt(checkpoint, args.prompt, chat_mode(args.chat, checkpoint))
     runner = build_runner(checkpoint, args, config)
     last = None
     for last in stream_generate(runner, prompt, params, args.max_tokens, tuple(args.stop)):
         sys.stdout.write(last.text)
         sys.stdout.flush()
     sys.stdout.write("\n")
-    print(summary_line(runner, last), file=sys.stderr)
-    for line in spec_summary(runner):
-        print(line, file=sys.stderr)
+    for line in (cut_line(runner, last, args.max_tokens), summary_line(runner, last), *spec_summary(runner)):
+        if line:
+            print(line, file=sys.stderr)
     return 0
 
 
+def chat_mode(asked: bool | None, checkpoint) -> bool:  # noqa: ANN001 - engine Checkpoint
+    """--chat / --no-chat as asked; by default the model's chat template when it has one (an instruct model given
+    bare text answers something else, or ends at once), else the prompt as written, said once."""
+    if asked is not None:
+        return asked
+    if checkpoint.tokenizer.chat_template is None:
+        if not checkpoint.tokenizer.is_synthetic:  # a preset's byte tokenizer: random weights, nothing to template
+            print(f"{checkpoint.source} has no chat template: completing the prompt as written", file=sys.stderr)
+        return False
+    return True
+
+
 def encode_prompt(checkpoint, text: str, chat: bool) -> list[int]:  # noqa: ANN001 - engine Checkpoint
-    """Token ids of the prompt; one that leaves no room in the context is an InputError, before any loading."""
+    """Token ids of the prompt (in the chat template with `chat`, as transformers' apply_chat_template with
+    add_generation_prompt); one that leaves no room in the context is an InputError, before any loading."""
     tokenizer = checkpoint.tokenizer
     if chat:
         text = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
@@ -115,6 +130,15 @@ def spec_summary(runner) -> list[str]:  # noqa: ANN001 - a backend Runner
     if runner.config.random_weights:
         lines.append("spec: acceptance is meaningless on random weights")
     return lines + [f"spec: step {d.step}: {d.reason}" for d in loop.controller.decisions]
+
+
+def cut_line(runner, last, max_tokens: int) -> str | None:  # noqa: ANN001 - a backend Runner, a response
+    """Where a generation that did not end by itself was cut: --max-tokens or the model's context."""
+    if last is None or last.finish_reason != "length":
+        return None
+    if last.generation_tokens >= max_tokens:
+        return f"stopped at --max-tokens {max_tokens} before the model ended its answer (raise it for more)"
+    return f"stopped at the model's context of {runner.config.max_context} tokens before the model ended its answer"
 
 
 def summary_line(runner, last) -> str:  # noqa: ANN001
