@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kerneltriage.core.errors import InputError
+from kerneltriage.core.roofline import DTYPE_BYTES  # noqa: F401 - re-exported: the --dtype check reads it here
 from kerneltriage.core.units import format_bytes
 from kerneltriage.engine.config import ModelConfig
 from kerneltriage.engine.validate import expected_shapes
@@ -20,10 +21,9 @@ from kerneltriage.engine.validate import expected_shapes
 # and chat turns fit; a longer run allocates its cache later, and fails there if it does not fit.
 ESTIMATE_CONTEXT = 4096
 FLOAT32_BYTES = 4
-# The --dtype names every backend accepts, the dtype each stands for, and its bytes per element.
+# The --dtype names every backend accepts and the dtype each stands for (its bytes per element: DTYPE_BYTES).
 DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
                "float16": "float16", "fp16": "float16"}
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)

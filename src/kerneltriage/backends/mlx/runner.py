@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -21,9 +21,11 @@ from kerneltriage.backends.mlx import timing
 from kerneltriage.backends.mlx.cache import KVCache
 from kerneltriage.backends.mlx.models import Model
 from kerneltriage.backends.mlx.sampling import MlxSampler
+from kerneltriage.core.roofline import DTYPE_BYTES
 from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.decoding import TokenLoop, plain_loop
+from kerneltriage.engine.runner_base import RunnerBase, decode_one, prefill, verify_rows
 from kerneltriage.engine.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -33,22 +35,6 @@ if TYPE_CHECKING:
 StepFn = Callable[[Model, mx.array, int], mx.array]
 # (model, tokens (1, T), start) -> logits (T, V) of every position: the speculative verify forward
 RowsFn = Callable[[Model, mx.array, int], mx.array]
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-def prefill(model: Model, tokens: mx.array, start: int) -> mx.array:
-    """The stock prefill: logits for every prompt position, the last one kept."""
-    return model(tokens, start)[:, -1]
-
-
-def decode_one(model: Model, token: mx.array, start: int) -> mx.array:
-    """One decode step for token (1, 1) at position `start`."""
-    return model(token, start)[:, -1]
-
-
-def verify_rows(model: Model, tokens: mx.array, start: int) -> mx.array:
-    """One forward over tokens (1, T) at positions start…start+T-1: logits for every row (T, V)."""
-    return model(tokens, start)[0]
 
 
 def _scheduled(logits: mx.array) -> mx.array:
@@ -69,7 +55,7 @@ class _Pending:
 
 
 @dataclass
-class Runner:
+class Runner(RunnerBase):
     model: Model
     checkpoint: Checkpoint
     device: str  # "cpu" or "gpu", as MLX names its devices
@@ -88,14 +74,6 @@ class Runner:
     backend: str = "mlx"
 
     @property
-    def config(self):  # noqa: ANN201 - ModelConfig, re-exported for callers
-        return self.checkpoint.config
-
-    @property
-    def levers(self) -> tuple[str, ...]:
-        return self.run_config.lever_names
-
-    @property
     def mx_dtype(self) -> mx.Dtype:
         return getattr(mx, self.dtype)
 
@@ -108,26 +86,8 @@ class Runner:
         return 0 if self.device_type == "cuda" else None  # NVML reads clocks of CUDA GPUs only
 
     # the cache
-    def reset_cache(self, needed: int, batch: int = 1) -> KVCache:
-        """A cache with room for `needed` positions (+ the slack); reused (and emptied) when big enough."""
-        needed = min(needed + self.cache_slack, max(needed, self.config.max_context))
-        cache = self.model.cache
-        if cache is None or type(cache) is not self.cache_type or cache.max_len < needed:
-            self.model.cache = None  # free the old one before allocating
-            cache = self.cache_type(self.model.cache_shape(needed, batch), self.mx_dtype)
-            self.model.cache = cache
-        cache.trim(0)
-        return cache
-
-    def drop_cache(self) -> None:
-        self.model.cache = None
-
-    def trim_cache(self, length: int) -> None:
-        self.model.cache.trim(length)
-
-    @property
-    def cache_capacity(self) -> int:
-        return self.model.cache.max_len
+    def new_cache(self, shape: tuple[int, int, int, int, int]) -> KVCache:
+        return self.cache_type(shape, self.mx_dtype)
 
     @property
     def pads_verify(self) -> bool:
@@ -158,9 +118,6 @@ class Runner:
     def sampler(self, params: SamplingParams, prompt: Sequence[int]) -> MlxSampler:
         return MlxSampler(params, list(prompt))
 
-    def loop(self, logits: mx.array, start: int, count: int, sampler: MlxSampler) -> Iterator[int]:
-        return self.token_loop(self, logits, start, count, sampler)
-
     def read_later(self, token: mx.array) -> _Pending:
         return _Pending(token)
 
@@ -187,8 +144,5 @@ class Runner:
         cache = self.model.cache
         return sum(arrays.values()) + (0 if cache is None else cache.nbytes)
 
-    def forced_logits(self, prompt: Sequence[int], fed: Sequence[int] | None, count: int
-                      ) -> tuple[np.ndarray, list[int]]:
-        from kerneltriage.backends.mlx.forced import forced_logits
-
-        return forced_logits(self, prompt, fed, count)
+    def host_logits(self, logits: mx.array) -> np.ndarray:
+        return np.array(logits.astype(mx.float32), copy=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import torch
@@ -18,6 +18,7 @@ from kerneltriage.backends.torch.tree import TreeCache, keep_branch
 from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.decoding import TokenLoop, plain_loop
+from kerneltriage.engine.runner_base import RunnerBase, decode_one, prefill, verify_rows
 from kerneltriage.engine.sampling import SamplingParams
 from kerneltriage.engine.speculative.tree import TokenTree
 
@@ -30,21 +31,6 @@ StepFn = Callable[[Model, torch.Tensor, int], torch.Tensor]
 # (model, tokens (1, T), start) -> logits (T, V) of every position: the speculative verify forward
 RowsFn = Callable[[Model, torch.Tensor, int], torch.Tensor]
 PINNED_SLOTS = 2  # host buffers for tokens in flight: the pipelined loop reads one while the next is copied
-
-
-def prefill(model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
-    """The stock prefill: logits for every prompt position, the last one kept."""
-    return model(tokens, start)[:, -1]
-
-
-def decode_one(model: Model, token: torch.Tensor, start: int) -> torch.Tensor:
-    """One decode step for token (1, 1) at position `start`."""
-    return model(token, start)[:, -1]
-
-
-def verify_rows(model: Model, tokens: torch.Tensor, start: int) -> torch.Tensor:
-    """One forward over tokens (1, T) at positions start…start+T-1: logits for every row (T, V)."""
-    return model(tokens, start)[0]
 
 
 class _Pending:
@@ -72,7 +58,7 @@ class _Read:
 
 
 @dataclass
-class Runner:
+class Runner(RunnerBase):
     model: Model
     checkpoint: Checkpoint
     device: torch.device
@@ -93,14 +79,6 @@ class Runner:
     _pinned: list[torch.Tensor] = field(default_factory=list, repr=False)
 
     @property
-    def config(self):  # noqa: ANN201 - ModelConfig, re-exported for callers
-        return self.checkpoint.config
-
-    @property
-    def levers(self) -> tuple[str, ...]:
-        return self.run_config.lever_names
-
-    @property
     def device_type(self) -> str:
         return self.device.type
 
@@ -117,27 +95,11 @@ class Runner:
         return (self.device.index or 0) if self.device.type == "cuda" else None
 
     # the cache
-    def reset_cache(self, needed: int, batch: int = 1) -> KVCache:
-        """A cache with room for `needed` positions (+ the slack); reused (and emptied) when big enough."""
-        needed = min(needed + self.cache_slack, max(needed, self.config.max_context))
-        cache = self.model.cache
-        stale = cache is None or type(cache) is not self.cache_type
-        if stale or cache.max_len < needed or cache.keys.shape[1] != batch:
-            self.model.cache = None  # free the old one before allocating
-            cache = self.cache_type(self.model.cache_shape(needed, batch), self.device, self.torch_dtype)
-            self.model.cache = cache
-        cache.trim(0)
-        return cache
+    def cache_fits(self, cache: KVCache, needed: int, batch: int) -> bool:
+        return cache.max_len >= needed and cache.keys.shape[1] == batch
 
-    def drop_cache(self) -> None:
-        self.model.cache = None
-
-    def trim_cache(self, length: int) -> None:
-        self.model.cache.trim(length)
-
-    @property
-    def cache_capacity(self) -> int:
-        return self.model.cache.max_len
+    def new_cache(self, shape: tuple[int, int, int, int, int]) -> KVCache:
+        return self.cache_type(shape, self.device, self.torch_dtype)
 
     @property
     def pads_verify(self) -> bool:
@@ -216,9 +178,6 @@ class Runner:
     def sampler(self, params: SamplingParams, prompt: Sequence[int]) -> TorchSampler:
         return TorchSampler(params, list(prompt), self.device)
 
-    def loop(self, logits: torch.Tensor, start: int, count: int, sampler: TorchSampler) -> Iterator[int]:
-        return self.token_loop(self, logits, start, count, sampler)
-
     def read_later(self, token: torch.Tensor) -> _Pending | _Read:
         if self.device.type != "cuda":
             return _Read(token)
@@ -250,8 +209,10 @@ class Runner:
         cache = self.model.cache
         return sum(storages.values()) + (0 if cache is None else cache.nbytes)
 
+    def host_logits(self, logits: torch.Tensor) -> np.ndarray:
+        return logits.detach().to("cpu", torch.float32, copy=True).numpy()
+
+    @torch.inference_mode()
     def forced_logits(self, prompt: Sequence[int], fed: Sequence[int] | None, count: int
                       ) -> tuple[np.ndarray, list[int]]:
-        from kerneltriage.backends.torch.forced import forced_logits
-
-        return forced_logits(self, prompt, fed, count)
+        return super().forced_logits(prompt, fed, count)

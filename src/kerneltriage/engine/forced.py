@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Any, Sequence
 
 import numpy as np
-import torch
-
-if TYPE_CHECKING:
-    from kerneltriage.backends.torch.runner import Runner
 
 
-@torch.inference_mode()
-def forced_logits(runner: "Runner", prompt: Sequence[int], fed: Sequence[int] | None, count: int
+def forced_logits(runner: Any, prompt: Sequence[int], fed: Sequence[int] | None, count: int
                   ) -> tuple[np.ndarray, list[int]]:
     """Float32 logits (count, V) after the prompt and after each of the tokens `fed` (None: the runner's own
     greedy tokens), and the tokens fed. A speculating runner takes them through its verify forward, a block of
@@ -21,7 +16,7 @@ def forced_logits(runner: "Runner", prompt: Sequence[int], fed: Sequence[int] | 
     if fed is not None and len(fed) >= count - 1 and _stock(runner):
         return _one_forward(runner, prompt, list(fed)[: count - 1]), list(fed)[: count - 1]
     runner.reset_cache(len(prompt) + count)
-    rows = [_host_row(runner.prefill(prompt, 0)[0])]
+    rows = [runner.host_logits(runner.prefill(prompt, 0)[0])]
     position, fed = len(prompt), list(fed or [])[: count - 1]
     blocks = _verify_blocks(runner)
     if blocks and len(fed) < count - 1:
@@ -32,16 +27,16 @@ def forced_logits(runner: "Runner", prompt: Sequence[int], fed: Sequence[int] | 
             size, pad = blocks[0]
             blocks.append(blocks.pop(0))  # each verify shape in turn
             chunk = fed[done:done + size]
-            rows += list(_host_row(runner.verify(chunk[0], chunk[1:], position + done, pad)))
+            rows += list(runner.host_logits(runner.verify(chunk[0], chunk[1:], position + done, pad)))
             runner.trim_cache(position + done + len(chunk))
             continue
         if done == len(fed):  # no token given: the runner's own greedy one
             fed.append(int(rows[-1].argmax()))
-        rows.append(_host_row(runner.decode(fed[done], position + done)[0]))
+        rows.append(runner.host_logits(runner.decode(fed[done], position + done)[0]))
     return np.stack(rows), fed
 
 
-def _verify_blocks(runner: "Runner") -> list[tuple[int, int]]:
+def _verify_blocks(runner: Any) -> list[tuple[int, int]]:
     """(tokens, padded rows) of each verify a speculating runner's check takes in turn: every padded shape its loop
     may use, full; unpadded, the deepest k + 1 unpadded. None speculating: []."""
     decoder = runner.speculation
@@ -50,19 +45,14 @@ def _verify_blocks(runner: "Runner") -> list[tuple[int, int]]:
     return [(rows, rows) for rows in decoder.shapes(runner)] or [(decoder.deepest(runner) + 1, 0)]
 
 
-def _host_row(logits: torch.Tensor) -> np.ndarray:
-    """A float32 copy on the host, now: a graphed step returns its output slot, which the next replay rewrites."""
-    return logits.detach().to("cpu", torch.float32, copy=True).numpy()
-
-
-def _stock(runner: "Runner") -> bool:
+def _stock(runner: Any) -> bool:
     """No lever and no speculation: the runner's steps are the model's own forward."""
     return not runner.run_config.levers and runner.speculation is None
 
 
-def _one_forward(runner: "Runner", prompt: Sequence[int], fed: list[int]) -> np.ndarray:
+def _one_forward(runner: Any, prompt: Sequence[int], fed: list[int]) -> np.ndarray:
     """A stock runner's teacher-forced logits in one causal forward over prompt + fed: the same function as
     its decode steps, computed at once (a reference over 300 positions costs one pass, not 300 eager steps)."""
     tokens = list(prompt) + fed
     runner.reset_cache(len(tokens))
-    return _host_row(runner.model(runner.tensor(tokens), 0)[0, len(prompt) - 1:])  # (len(fed) + 1, V)
+    return runner.host_logits(runner.model(runner.tensor(tokens), 0)[0, len(prompt) - 1:])  # (len(fed) + 1, V)
