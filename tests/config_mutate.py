@@ -1,6 +1,6 @@
 """A tiny Hugging Face model folder, and mutations of its config.json: a key dropped, a value replaced by one of
 another type or out of range (null, 0, negative, NaN, huge, text, a list) — what a bad edit or a broken
-exporter leaves. Used by the CI fuzz test and `benchmarks/fuzz_load.py`.
+exporter leaves. Used by the CI fuzz test and `benchmarks/tools/fuzz_load.py`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Load mutated model files in a worker process under a memory cap and a per-case timeout, and classify what
-happened. Shared by the CI fuzz test (tiny files) and `benchmarks/fuzz_load.py` (the real default model).
+happened. Shared by the CI fuzz test (tiny files) and `benchmarks/tools/fuzz_load.py` (the real default model).
 
 Outcomes: `loaded` (logits of a short prompt all finite), `input-error` (the project's one-line error),
 `non-finite` (loaded, but NaN/inf logits: a corrupt header accepted), `traceback` (any other exception),

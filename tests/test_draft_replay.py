@@ -1,5 +1,6 @@
-"""benchmarks/draft_replay.py: the real speculative decoder driven over recorded text on a virtual clock — its tokens
-are the text's, and its modelled speed-up follows the text (a copy pays, text that never recurs does not lose)."""
+"""benchmarks/tools/draft_replay.py: the real speculative decoder driven over recorded text on a virtual clock —
+its tokens are the text's, and its modelled speed-up follows the text (a copy pays, text that never recurs does not
+lose)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "draft_replay.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "tools" / "draft_replay.py"
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """CUDA-only, on tiny models (a minute on an H200): the code paths the CPU cannot run — counters under graph replay,
 a pinned SDPA backend counted under compile (at trace time), the pipelined loop's pinned readback, the float32
-rebuild of `ab`'s correctness check. Skipped without CUDA; `bash benchmarks/h200.sh smoke` runs them first."""
+rebuild of `ab`'s correctness check. Skipped without CUDA;
+`bash benchmarks/tools/device_run.sh smoke` runs them first."""
 
 from __future__ import annotations
 

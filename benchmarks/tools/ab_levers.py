@@ -1,8 +1,8 @@
-"""The README's lever table: `kerneltriage ab` of each lever (B) against stock (A) on one model.
+"""Each lever alone (B) against stock (A) or a base set, under the one verdict rule: one `kerneltriage ab` each.
 
-Usage: python benchmarks/ab_levers.py --model default --out DIR [-p 512 -n 32 -r 5]
+Usage: python benchmarks/tools/ab_levers.py --model default --out DIR [-p 512 -n 32 -r 5]
            [--candidates "levers=last_logits|levers=graphs|levers=graphs;spec=selfdraft:15;depth=4@levers=graphs"]
-       python benchmarks/ab_levers.py --table DIR ...   (only print the markdown table of results already in DIRs)
+       python benchmarks/tools/ab_levers.py --table DIR ...   (only print the markdown table of results already in DIRs)
 A candidate is an ab spec for B, optionally followed by '@' and the spec of its A (default: stock).
 Each ab run writes DIR/ab-<model>-<n>.json (the full JSON of `kerneltriage ab --output json`, all samples, the
 environment) into one ledger; the markdown table of every run is printed at the end.

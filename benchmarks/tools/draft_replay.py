@@ -3,16 +3,17 @@ controller, shadows, drafters and padding) driven over a recorded text, each ste
 step's measured cost on the device — how often it drafts, what verifies accept (by position), tokens per verify and
 the speed-up those give, judged without a device (the text is the model's, the costs are the H200's).
 
-Why: speculation's speed is drafts × verify cost; the second is the device's (spec_profile.py, verify_tiles_probe.py
---rows), the first is the text's, the drafter's and the controller's, the same on any device for the same tokens.
+Why: speculation's speed is drafts × verify cost; the second is the device's (spec_profile.py;
+docs/journal.md has the verify costs by rows), the first is the text's, the drafter's and the controller's, the
+same on any device for the same tokens.
 The target here answers every context with the recorded text's next token (one-hot logits: greedy acceptance is the
 decoder's own), and its clock advances by a plain step's price (1) at each decode and by the padded shape's price at
 each verify; the decoder times its steps with that clock, so auto depth decides from those prices, as on the device.
 The prompts of a set run one after another on one target, so the controller carries its costs from one to the next
 as it does in an A/B's runs.
 
-    python3 benchmarks/draft_replay.py --texts ~/.cache/kerneltriage/replay-texts.json   # greedy texts, once
-    python3 benchmarks/draft_replay.py --texts FILE --sources suffix,ngram --verify-costs 16:1.43,32:1.6 --out r.json
+    python3 benchmarks/tools/draft_replay.py --texts ~/.cache/kerneltriage/replay-texts.json   # greedy texts, once
+    python3 benchmarks/tools/draft_replay.py --texts FILE --sources suffix,ngram --verify-costs 16:1.43,32:1.6 --out r.json
 
 The texts come from the CPU in float32 (greedy; an H200 in bf16 writes mostly the same text; --dtype bfloat16 for bf16
 ones: 11 of copy_heavy's 16 continuations and 7 of repetitive's 11 equal the float32 ones). --verify-costs: a verify
@@ -49,7 +50,7 @@ from kerneltriage.engine.speculative.lookup import lookup_drafter
 from kerneltriage.engine.speculative.ngram import NgramIndex
 from kerneltriage.engine.speculative.resident import CHOICES, DONE, device_choice
 
-PROMPTS = Path(__file__).parent / "prompts"
+PROMPTS = Path(__file__).resolve().parents[1] / "prompts"
 SETS = ("copy_heavy", "repetitive", "summarize", "open_ended")
 DEFAULT_COSTS = "16:1.43,32:1.62"
 

@@ -1,7 +1,7 @@
 """The long fuzz run: mutants of the real default model's header (its tensor data left alone) and of a tiny
 model's config.json, each loaded in a worker under a memory cap and a timeout, outcomes counted.
 
-Usage: python benchmarks/fuzz_load.py [--count 2000] [--config-count 500] [--seed 1]
+Usage: python benchmarks/tools/fuzz_load.py [--count 2000] [--config-count 500] [--seed 1]
                                       [--out benchmarks/results/fuzz-load-cpu.json]
 The mutators and the worker are the CI fuzz test's (tests/gguf_mutate.py, tests/config_mutate.py,
 tests/fuzz_harness.py), so this run tests the same thing at a larger scale on a real model. A loaded mutant
@@ -21,7 +21,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Iterator
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from config_mutate import config_mutants, write_tiny_hf_dir  # noqa: E402
 from fuzz_harness import Case, model_config, run_cases  # noqa: E402

@@ -1,20 +1,20 @@
 """Where a speculative decode's time goes on this device: the decoder's calls timed on the host during real runs
 over a prompt set, then the verify forward and a plain step timed alone at a fixed position.
 
-Usage: python benchmarks/spec_profile.py [--model default] [--config "levers=...;spec=suffix"]
+Usage: python benchmarks/tools/spec_profile.py [--model default] [--config "levers=...;spec=suffix"]
            [--set repetitive] [--per-set 4] [-n 64] [--passes 1] [--out FILE.json]
 Per call (host seconds, perf_counter, no extra syncs): the drafter's `draft` (at verify steps and, with auto depth,
 after every plain token), `runner.verify` (queueing the forward), the sampler's `accept` (it reads the result: the wait
 for the device lands here), `trim_cache`, the decoder's synced `clock` reads (a model drafter's steps only, since
-2026-12-01's fourth session), plain `decode` calls, and graph captures during the timed runs (should be 0).
+2026-12-01's fourth session), plain `decode` calls (graph captures inside a timed run are ruled
+out by the decoder's `prepare_steps` and its tests, not counted here).
 Alone, at one position (--iters each), for each padded verify shape: a plain step and a verify queued back to back
 (device-bound: the device's time per call), and verify + accept + trim one after another (what one verify step costs
 the loop); with `one_sync` in the config, resident steps (drafted, chosen and accepted on the device) queued back to
 back: verifies, and plain steps. With --passes N the set is timed N times in a row on the one runner, as `ab`'s
 consecutive samples of a side run it (the controller's state carried from each to the next): per pass its seconds,
 the decoder's step counts, the host's calls and every resident step that emitted (`passes`; the top-level figures
-are the first pass's, but for captures, counted over all) — whether later passes run other steps, or the same steps
-slower.
+are the first pass's) — whether later passes run other steps, or the same steps slower.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from kerneltriage.engine.speculative.draft import Draft
 from kerneltriage.engine.speculative.resident import CHOICES, WIDEST
 from kerneltriage.engine.sources import load_checkpoint
 
-PROMPTS = Path(__file__).parent / "prompts"
+PROMPTS = Path(__file__).resolve().parents[1] / "prompts"
 FUSED = "packed_qkv,packed_gate_up,last_logits,fused_norm,fused_layer,pdl,graphs"
 OPEN = 1 << 30  # the resident steps' run end: none reached (every step queued runs a body)
 
@@ -187,17 +187,6 @@ def main() -> None:
         return made
 
     runner.sampler = sampler
-    captures = defaultdict(int)
-    for step_name in ("decode_step", "verify_step", "prefill_step", "resident_steps"):
-        graphed = getattr(runner, step_name)
-        if hasattr(graphed, "_capture"):
-            inner = graphed._capture
-
-            def counted(*a, _inner=inner, _name=step_name):  # noqa: ANN002, ANN202
-                captures[_name] += timed.on
-                return _inner(*a)
-
-            graphed._capture = counted
     runner.reset_cache(max(map(len, prompts)) + args.n + 1)
     prompts_sample(runner, prompts, args.n)  # untimed: captures every window and row count
     steps = trace_steps(decoder, timed)
@@ -218,8 +207,7 @@ def main() -> None:
                        "draft_ms_mean": 1e3 * statistics.fmean(stats.draft_seconds) if stats.draft_seconds else None,
                        "resident_steps": list(steps)})
     result = {"benchmark": "spec-profile", "model": checkpoint.source, "config": args.config, "set": args.set,
-              "prompts": len(prompts), "new_tokens": args.n, "dtype": dtype, **passes[0],
-              "captures_during_timed_run": dict(captures)}
+              "prompts": len(prompts), "new_tokens": args.n, "dtype": dtype, **passes[0]}
     if args.passes > 1:
         result["passes"] = passes
     shapes = decoder.shapes(runner) or [decoder.controller.deepest + 1]

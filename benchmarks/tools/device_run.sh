@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Measurement steps on a GPU machine (or any machine), every result written under $OUT with its provenance.
+#
+#   OUT=DIR bash benchmarks/tools/device_run.sh STEP...        (from the repository root; --help: this text)
+#
+# Each sub-step runs under a time limit and prints one line to stderr: "[exit status in N s] command". Nothing
+# here times anything itself: every number comes from `kerneltriage` or a tool in benchmarks/tools/, which record
+# the git sha, dirty flag, diff hash and command in each file. On a machine without network, source
+# benchmarks/device_env.sh first (docs/remote-gpu.md says how the model and wheels get there).
+#
+# Steps:
+#   smoke       tests/test_gpu_smoke.py: the CUDA-only code paths on tiny shapes (~1 min; run it first)
+#   gpu-tests   tests/test_gpu.py (the real model's GPU tests)
+#   ceilings    kerneltriage ceilings --refresh                 -> ceilings-$DEV.txt
+#   triage      kerneltriage triage on $MODEL                   -> triage-$NAME-$DEV.json, .html
+#   levers      each lever alone against stock (ab_levers.py)   -> ab-$NAME-$DEV$TAG/ab-*.json
+#   bench       bench of $LEVERS beside $PEERS                  -> bench-$NAME-$DEV$TAG.json
+#   ab          ab of $A against $B                             -> ab-$NAME-$DEV$TAG.json
+#   spec        ab of $LEVERS against $LEVERS;spec=$SPEC, each prompt set of $SETS -> spec-SET-$DEV$TAG.json
+#   spec-profile  where a speculative step's time goes (spec_profile.py), each of $SETS
+#               -> spec-profile-SET-$DEV$TAG.json
+#   kernels     kerneltriage kernel run for each of $KERNELS   -> kernel-NAME-$DEV.txt
+#   llama-build build llama.cpp's llama-bench from $LLAMA_SRC (CUDA; ~5 min) for PEERS=llama.cpp
+#   index       benchmarks/tools/results_index.py over $OUT    -> $OUT/INDEX.md
+#
+# Settings (environment; defaults in brackets):
+#   OUT [benchmarks/results]  MODEL [default]  NAME [$MODEL]  DEV [the GPU's short name, e.g. h200; else cpu]
+#   LEVERS [the fastest CUDA set below]  PEERS [llama.cpp when $LLAMA_BENCH exists, else none]  SPEC [suffix]
+#   SETS [repetitive copy_heavy copy_heavy_holdout summarize open_ended]  PAIRS [5]  TAG [""; e.g. -float32]
+#   A, B [levers= / levers=$LEVERS]  KERNELS [kerneltriage.kernels.rmsnorm:RMSNORM]  LIMIT_S [560 per sub-step]
+#   EXTRA [more flags for every kerneltriage call, e.g. "--dtype float32"]  LLAMA_SRC [llama.cpp's source folder]
+#   LEDGER [$OUT/ledger-$DEV.db]
+set -uo pipefail
+if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ]; then
+  sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0
+fi
+
+OUT=${OUT:-benchmarks/results}
+MODEL=${MODEL:-default}
+NAME=${NAME:-$MODEL}
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+DEV=${DEV:-$( [ -n "$gpu" ] && echo "${gpu##* }" | tr '[:upper:]' '[:lower:]' || echo cpu)}
+LEVERS=${LEVERS:-packed_qkv,packed_gate_up,last_logits,fused_norm,fused_layer,pdl,graphs,prefill_graphs,one_sync}
+SPEC=${SPEC:-suffix}
+SETS=${SETS:-repetitive copy_heavy copy_heavy_holdout summarize open_ended}
+PAIRS=${PAIRS:-5}
+TAG=${TAG:-}
+LIMIT_S=${LIMIT_S:-560}
+LLAMA_SRC=${LLAMA_SRC:-/tmp/llama.cpp}
+LLAMA_BENCH=${LLAMA_BENCH:-$LLAMA_SRC/build/bin/llama-bench}
+LEDGER=${LEDGER:-$OUT/ledger-$DEV.db}
+read -r -a extra <<< "${EXTRA:-}"
+mkdir -p "$OUT"
+
+kt=(python3 -m kerneltriage)
+step() { local s=$SECONDS; timeout "$LIMIT_S" "$@"; echo "[$? in $((SECONDS - s)) s] $*" | cut -c1-160 >&2; }
+peers() { [ -n "${PEERS:-}" ] && echo "$PEERS" || { [ -x "$LLAMA_BENCH" ] && echo llama.cpp; }; }
+
+run_step() {
+  case "$1" in
+    smoke) step python3 -m pytest -q -x tests/test_gpu_smoke.py ;;
+    gpu-tests) step python3 -m pytest -q tests/test_gpu.py ;;
+    ceilings) step "${kt[@]}" ceilings --refresh "${extra[@]}" > "$OUT/ceilings-$DEV.txt" ;;
+    triage) step "${kt[@]}" triage --model "$MODEL" "${extra[@]}" --output json --html "$OUT/triage-$NAME-$DEV.html" \
+              --ledger "$LEDGER" > "$OUT/triage-$NAME-$DEV.json" ;;
+    levers) step python3 benchmarks/tools/ab_levers.py --model "$MODEL" --out "$OUT/ab-$NAME-$DEV$TAG" \
+              -p 512 -n 16 -r 16 --ledger "$LEDGER" ;;
+    bench) local p llama=(); p=$(peers); [ -x "$LLAMA_BENCH" ] && llama=(--llama-bench "$LLAMA_BENCH")
+      step "${kt[@]}" bench --model "$MODEL" --levers "$LEVERS" ${p:+--peers "$p"} "${llama[@]}" "${extra[@]}" \
+        -p 512 -n 128 -d 0,2048,4096 -r 5 --output json --ledger "$LEDGER" > "$OUT/bench-$NAME-$DEV$TAG.json" ;;
+    ab) step "${kt[@]}" ab --model "$MODEL" --a "${A:-levers=}" --b "${B:-levers=$LEVERS}" "${extra[@]}" -p 512 -n 128 \
+          -r 8 --output json --ledger "$LEDGER" > "$OUT/ab-$NAME-$DEV$TAG.json" ;;
+    spec) for set in $SETS; do
+        step "${kt[@]}" ab --model "$MODEL" --a "levers=$LEVERS" --b "levers=$LEVERS;spec=$SPEC" "${extra[@]}" \
+          --prompts "benchmarks/prompts/$set.jsonl" -p 0 -n 64 -r "$PAIRS" --output json --ledger "$LEDGER" \
+          > "$OUT/spec-$set-$DEV$TAG.json"
+      done ;;
+    spec-profile) for set in $SETS; do
+        step python3 benchmarks/tools/spec_profile.py --model "$MODEL" --config "levers=$LEVERS;spec=$SPEC" \
+          --set "$set" --out "$OUT/spec-profile-$set-$DEV$TAG.json" > /dev/null
+      done ;;
+    kernels) for k in ${KERNELS:-kerneltriage.kernels.rmsnorm:RMSNORM}; do
+        local short=${k%%:*}; short=${short##*.}
+        step "${kt[@]}" kernel run --kernel "$k" --model "$MODEL" "${extra[@]}" --ledger "$LEDGER" \
+          > "$OUT/kernel-$short-$DEV.txt" 2>&1
+      done ;;
+    llama-build) [ -x "$LLAMA_BENCH" ] || step bash -c "cmake -S '$LLAMA_SRC' -B '$LLAMA_SRC/build' -DGGML_CUDA=ON \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release > /dev/null \
+        && cmake --build '$LLAMA_SRC/build' --target llama-bench -j $(nproc) > /dev/null" ;;
+    index) step python3 benchmarks/tools/results_index.py --dir "$OUT" --write ;;
+    *) echo "device_run.sh: unknown step '$1' (bash benchmarks/tools/device_run.sh --help lists them)" >&2; exit 2 ;;
+  esac
+}
+
+for name in "$@"; do run_step "$name"; done
