@@ -16,10 +16,10 @@ Draft length is chosen per step from the match's statistics, not fixed:
 Where the verify is padded (CUDA graphs: a verify computes the rows of the smallest captured shape that holds it,
 config.VERIFY_BUCKETS), a draft's length up to the smallest shape costs nothing: the rule still decides whether to
 draft, and the draft runs to that shape's size — to the limit past it where the match is long (a copy in progress).
-Replayed over the default model's greedy texts at the H200's verify cost (benchmarks/draft_replay.py,
-draft-replay-cpu.json), drafting to one padded shape took the modelled speed-up from 2.62× / 2.00× / 1.27× / 1.05×
-to 3.14× / 2.45× / 1.41× / 1.07× (copy_heavy / repetitive / summarize / open_ended); drafting the limit from every
-match instead drafted chance one-token matches (summarize 1.23×).
+Replayed over the default model's greedy texts at the H200's verify cost (benchmarks/tools/draft_replay.py,
+archive:draft-replay-cpu.json), drafting to one padded shape took the modelled speed-up from 2.62× / 2.00× / 1.27× /
+1.05× to 3.14× / 2.45× / 1.41× / 1.07× (copy_heavy / repetitive / summarize / open_ended); drafting the limit from
+every match instead drafted chance one-token matches (summarize 1.23×).
 
 A copy in progress is followed without the automaton: when the text since the last draft is what that draft's
 source went on with and the match is long, the next draft is what the source says next (`Copy`), and the automaton
