@@ -178,8 +178,9 @@ def bare_names(root: Path, prefixes: set[str]) -> Iterator[tuple[str, str]]:
         for path in sorted(root.glob(pattern)):
             for span in CODE_SPAN.findall(path.read_text(errors="replace")):
                 first = span.split("/")[0]
-                if (span.endswith(RESULT_SUFFIXES) and not span.startswith(PREFIXES) and "-" in first
-                        and (first.split("-")[0] in prefixes or first == "history")):
+                named = span.endswith(RESULT_SUFFIXES) or span.endswith("/")  # a file or a folder of results
+                if (named and not span.startswith(PREFIXES)
+                        and (first == "history" or ("-" in first and first.split("-")[0] in prefixes))):
                     yield str(path.relative_to(root)), span
 
 
