@@ -111,7 +111,8 @@ class MlxBackend:
         return msweep.m_sweep(runner, rows)
 
     def attention_sparsity(self, runner: Runner) -> Sparsity:
-        from kerneltriage.backends.mlx.sparsity import attention_sparsity, passage_tokens
+        from kerneltriage.backends.mlx.sparsity import attention_sparsity
+        from kerneltriage.engine.sparsity import passage_tokens
 
         return attention_sparsity(runner, passage_tokens(runner))
 

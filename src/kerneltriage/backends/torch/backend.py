@@ -117,7 +117,8 @@ class TorchBackend:
         return kernel_check.time_lanes(runner.model, load_kernel(ref), rows, depth)
 
     def attention_sparsity(self, runner: Runner) -> Sparsity:
-        from kerneltriage.backends.torch.sparsity import attention_sparsity, passage_tokens
+        from kerneltriage.backends.torch.sparsity import attention_sparsity
+        from kerneltriage.engine.sparsity import passage_tokens
 
         return attention_sparsity(runner, passage_tokens(runner))
 

@@ -9,18 +9,16 @@ TorchDispatchMode, counted by what it costs beyond its arithmetic.
 
 from __future__ import annotations
 
-import traceback
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from kerneltriage.backends.torch.runner import Runner
-from kerneltriage.engine.sampling import SamplingParams
+from kerneltriage.engine import census as counts
+from kerneltriage.engine.census import Census
 
 READBACK_OPS = frozenset({"aten::item", "aten::_local_scalar_dense"})
 COPY_OPS = frozenset({"aten::copy_", "aten::to", "aten::_to_copy", "aten::clone", "aten::contiguous"})
@@ -28,47 +26,7 @@ COPY_OPS = frozenset({"aten::copy_", "aten::to", "aten::_to_copy", "aten::clone"
 FREE_OPS = frozenset({"aten::view", "aten::_unsafe_view", "aten::alias", "aten::detach", "aten::t",
                       "aten::transpose", "aten::slice", "aten::select", "aten::expand", "aten::unsqueeze",
                       "aten::squeeze", "aten::as_strided", "aten::permute", "aten::split", "aten::lift_fresh"})
-_TORCH_ROOT = str(Path(torch.__file__).parent)
-_THIS_FILE = __file__
-GREEDY = SamplingParams()
-MAX_SITES = 5
-
-
-@dataclass
-class Census:
-    """Counts over one run; `per(n)` divides them by tokens or passes."""
-
-    ops: int = 0
-    readbacks: Counter = field(default_factory=Counter)  # call site → count
-    cpu_ops: Counter = field(default_factory=Counter)  # "op @ call site" → count
-    casts: Counter = field(default_factory=Counter)  # "float32→bfloat16" → count
-    strided_copies: int = 0
-
-    def per(self, n: int) -> dict[str, Any]:
-        """The counts per unit (`n` tokens or passes), call sites most frequent first."""
-        return {
-            "ops": self.ops / n,
-            "readbacks": sum(self.readbacks.values()) / n,
-            "readback_sites": {site: count / n for site, count in self.readbacks.most_common(MAX_SITES)},
-            "cpu_ops": sum(self.cpu_ops.values()) / n,
-            "cpu_op_sites": {site: count / n for site, count in self.cpu_ops.most_common(MAX_SITES)},
-            "casts": sum(self.casts.values()) / n,
-            "cast_kinds": {kind: count / n for kind, count in self.casts.most_common(MAX_SITES)},
-            "strided_copies": self.strided_copies / n,
-        }
-
-
-def call_site() -> str:
-    """The innermost frame outside torch and this file: 'path:line in function'."""
-    for frame in reversed(traceback.extract_stack()):
-        if not frame.filename.startswith(_TORCH_ROOT) and frame.filename != _THIS_FILE:
-            return f"{_short(frame.filename)}:{frame.lineno} in {frame.name}"
-    return "unknown"
-
-
-def _short(path: str) -> str:
-    parts = Path(path).parts
-    return str(Path(*parts[parts.index("kerneltriage"):])) if "kerneltriage" in parts else path
+_SKIPPED = (str(Path(torch.__file__).parent), __file__)  # call sites are outside torch and this file
 
 
 class _Counting(TorchDispatchMode):
@@ -89,16 +47,16 @@ class _Counting(TorchDispatchMode):
         census.ops += 1
         source = args[0] if args and isinstance(args[0], torch.Tensor) else None
         if name in READBACK_OPS and (source is None or source.device.type != "cpu" or not self.gpu):
-            census.readbacks[call_site()] += 1
+            census.readbacks[counts.call_site(_SKIPPED)] += 1
         elif self.gpu and tensors and name not in FREE_OPS and all(t.device.type == "cpu" for t in tensors):
-            census.cpu_ops[f"{name} @ {call_site()}"] += 1
+            census.cpu_ops[f"{name} @ {counts.call_site(_SKIPPED)}"] += 1
         if name not in COPY_OPS or source is None:
             return
         if name == "aten::copy_" and len(args) > 1 and isinstance(args[1], torch.Tensor):
             source, target = args[1], args[0]
             if self.gpu and target.device.type == "cpu" and source.device.type != "cpu" \
                     and not kwargs.get("non_blocking", args[2] if len(args) > 2 else False):
-                census.readbacks[call_site()] += 1  # a blocking device→host copy
+                census.readbacks[counts.call_site(_SKIPPED)] += 1  # a blocking device→host copy
         elif not isinstance(out, torch.Tensor) or _same_memory(out, source):
             return  # a no-op conversion: nothing was copied
         else:
@@ -120,22 +78,10 @@ def _dtype(t: torch.Tensor) -> str:
 @torch.inference_mode()
 def census_prefill(runner: Runner, prompt: Sequence[int]) -> Census:
     """The census of one prefill of `prompt` at depth 0."""
-    runner.reset_cache(len(prompt))
-    census = Census()
-    with _Counting(census, runner.device):
-        runner.prefill(prompt, 0)
-    return census
+    return counts.census_prefill(runner, prompt, lambda census: _Counting(census, runner.device))
 
 
 @torch.inference_mode()
 def census_decode(runner: Runner, prefix: Sequence[int], tokens: int) -> Census:
     """The census of `tokens` tokens of the runner's token loop (the first, from the prefill, excluded)."""
-    runner.reset_cache(len(prefix) + tokens + 1)
-    logits = runner.prefill(prefix, 0)
-    loop: Iterator[int] = runner.loop(logits, len(prefix), tokens + 1, runner.sampler(GREEDY, prefix))
-    next(loop)
-    census = Census()
-    with _Counting(census, runner.device):
-        for _ in loop:
-            pass
-    return census
+    return counts.census_decode(runner, prefix, tokens, lambda census: _Counting(census, runner.device))
