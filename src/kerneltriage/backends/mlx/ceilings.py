@@ -10,42 +10,28 @@ a measurement that fails is reported as failed.
 
 from __future__ import annotations
 
-import statistics
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import mlx.core as mx
 
 from kerneltriage.backends.mlx.device import device_type
+from kerneltriage.backends.mlx.timing import synced_clock
 from kerneltriage.core import ceilings_cache
 from kerneltriage.core.ceilings_cache import CACHE_FILE
-from kerneltriage.core.environment import cpu_model
+from kerneltriage.core.ceilings_probe import Probe, copy_bandwidth, cpu_name, matmul_flops, median_seconds
 from kerneltriage.core.roofline import Ceilings
 from kerneltriage.engine.paths import cache_dir
-
-
-@dataclass(frozen=True)
-class Probe:
-    """Sizes for one device kind: copy buffer bytes, matmul side, operations per sample, samples."""
-
-    copy_bytes: int
-    matmul_side: int
-    ops_per_sample: int
-    samples: int
 
 
 # The CPU matmul is 512³: the Linux `mlx[cpu]` wheel links the reference BLAS (netlib, ~4 GFLOP/s on 2 cores),
 # where 1024³ would take 6 s for the same answer.
 PROBES = {"gpu": Probe(1 << 30, 4096, 10, 10), "cpu": Probe(64 << 20, 512, 2, 5)}
-WARMUPS = 2
 
 
 def device_name(device: str) -> str:
     """The GPU's name as MLX reports it, or 'cpu <model>'."""
     if device == "cpu":
-        return f"cpu {cpu_model() or 'unknown'}"
+        return cpu_name()
     info = mx.device_info()
     return str(info.get("device_name") or info.get("architecture") or device_type(device))
 
@@ -55,26 +41,11 @@ def cache_key(device: str, dtype: str) -> str:
     return f"{device_name(device)} | mlx {mx.__version__} {device_type(device)} | {dtype}"
 
 
-def _median_seconds(op: Callable[[], mx.array], probe: Probe) -> float:
-    """Median seconds per op over `probe.samples` samples of `probe.ops_per_sample` evaluated ops each."""
-    for _ in range(WARMUPS):
-        mx.eval(op())
-    samples = []
-    for _ in range(probe.samples):
-        mx.synchronize()
-        start = time.perf_counter()
-        for _ in range(probe.ops_per_sample):
-            mx.eval(op())
-        mx.synchronize()
-        samples.append((time.perf_counter() - start) / probe.ops_per_sample)
-    return statistics.median(samples)
-
-
 def measure_copy_bandwidth(probe: Probe) -> float:
     """Bytes read + written per second by an elementwise pass over random float32 data."""
     src = mx.random.uniform(shape=(probe.copy_bytes // 4,))
     mx.eval(src)
-    return 2 * probe.copy_bytes / _median_seconds(lambda: src + 0.0, probe)
+    return copy_bandwidth(probe, median_seconds(lambda: mx.eval(src + 0.0), synced_clock, probe))
 
 
 def measure_matmul_peak(dtype: mx.Dtype, probe: Probe) -> float:
@@ -82,7 +53,7 @@ def measure_matmul_peak(dtype: mx.Dtype, probe: Probe) -> float:
     n = probe.matmul_side
     a, b = (mx.random.normal((n, n)).astype(dtype) for _ in range(2))
     mx.eval(a, b)
-    return 2 * n**3 / _median_seconds(lambda: a @ b, probe)
+    return matmul_flops(probe, median_seconds(lambda: mx.eval(a @ b), synced_clock, probe))
 
 
 def measure(device: str, dtype: str) -> Ceilings:

@@ -14,34 +14,20 @@ again.
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from kerneltriage.backends.torch.timing import synced_clock
 from kerneltriage.core import ceilings_cache
 from kerneltriage.core.ceilings_cache import CACHE_FILE
-from kerneltriage.core.environment import cpu_model
+from kerneltriage.core.ceilings_probe import Probe, copy_bandwidth, cpu_name, matmul_flops, median_seconds
 from kerneltriage.core.roofline import Ceilings
 from kerneltriage.engine.paths import cache_dir
 
 
-@dataclass(frozen=True)
-class Probe:
-    """Sizes for one device type: copy buffer bytes, matmul side, operations per sample, samples."""
-
-    copy_bytes: int
-    matmul_side: int
-    ops_per_sample: int
-    samples: int
-
-
 # CUDA: 1 GiB buffer (≫ 50 MB L2), 8192³ bf16 (~1.1 TFLOP); CPU: 64 MiB (≫ L3), 1024³ float32 — < 3 s total.
 PROBES = {"cuda": Probe(1 << 30, 8192, 10, 10), "cpu": Probe(64 << 20, 1024, 2, 5)}
-WARMUPS = 2
 # Vendor datasheet peaks (dense, no sparsity), matched by a substring of the device name.
 DATASHEET = {"H200": {"bandwidth": 4.8e12, "bfloat16": 989e12, "float16": 989e12, "float32": 67e12},
              "H100": {"bandwidth": 3.35e12, "bfloat16": 989e12, "float16": 989e12, "float32": 67e12}}
@@ -51,7 +37,7 @@ def device_name(device: torch.device) -> str:
     """The GPU's name, or 'cpu <model>'."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu {cpu_model() or 'unknown'}"
+    return cpu_name()
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -63,26 +49,12 @@ def cache_key(device: torch.device, dtype: torch.dtype) -> str:
     return f"{device_name(device)} | torch {torch.__version__} | {dtype_name(dtype)}"
 
 
-def _median_seconds(op: Callable[[], object], device: torch.device, probe: Probe) -> float:
-    """Median seconds per op over `probe.samples` samples of `probe.ops_per_sample` ops each."""
-    for _ in range(WARMUPS):
-        op()
-    samples = []
-    for _ in range(probe.samples):
-        start = synced_clock(device)
-        for _ in range(probe.ops_per_sample):
-            op()
-        samples.append((synced_clock(device) - start) / probe.ops_per_sample)
-    return statistics.median(samples)
-
-
 def measure_copy_bandwidth(device: torch.device, probe: Probe) -> float:
     """Bytes read + written per second by a device-to-device copy of random data."""
     count = probe.copy_bytes // 4
     src = torch.rand(count, device=device, dtype=torch.float32)
     dst = torch.empty_like(src)
-    seconds = _median_seconds(lambda: dst.copy_(src), device, probe)
-    return 2 * probe.copy_bytes / seconds
+    return copy_bandwidth(probe, median_seconds(lambda: dst.copy_(src), lambda: synced_clock(device), probe))
 
 
 def measure_matmul_peak(device: torch.device, dtype: torch.dtype, probe: Probe) -> float:
@@ -91,8 +63,7 @@ def measure_matmul_peak(device: torch.device, dtype: torch.dtype, probe: Probe) 
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
-    seconds = _median_seconds(lambda: torch.matmul(a, b, out=out), device, probe)
-    return 2 * n**3 / seconds
+    return matmul_flops(probe, median_seconds(lambda: torch.matmul(a, b, out=out), lambda: synced_clock(device), probe))
 
 
 def measure(device: torch.device, dtype: torch.dtype) -> Ceilings:
