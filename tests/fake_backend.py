@@ -18,6 +18,7 @@ from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.config import ModelConfig
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.decoding import plain_loop
+from kerneltriage.engine.levers import Place
 from kerneltriage.engine.probes import PhaseProfile
 from kerneltriage.engine.tokenizer import Tokenizer
 
@@ -37,11 +38,20 @@ class FakeClock:
 
 @dataclass
 class Effect:
-    """What a lever does to time: prefill and decode seconds are multiplied by these factors."""
+    """What a lever does to time: prefill and decode seconds are multiplied by these factors — only once every
+    lever of `needs` is on too, and as `instead[other]` says where `other` is on (levers that interact)."""
 
     prefill: float = 1.0
     decode: float = 1.0
     counts: bool = True  # False: a lever whose code never runs (its counter stays at zero)
+    needs: tuple[str, ...] = ()
+    instead: dict[str, "Effect"] = field(default_factory=dict)
+
+    def under(self, on: set[str]) -> "Effect":
+        """This lever's effect with the levers `on` beside it."""
+        if not set(self.needs) <= on:
+            return Effect(counts=self.counts)
+        return next((effect for other, effect in self.instead.items() if other in on), self)
 
 
 def fake_checkpoint() -> Checkpoint:
@@ -98,11 +108,15 @@ class FakeRunner:
     def config(self) -> ModelConfig:
         return self.checkpoint.config
 
+    @property
+    def place(self) -> Place:
+        return Place(self.backend, self.device_type, self.config.arch)
+
     def factor(self, phase: str) -> float:
         """What the levers on multiply a `phase` step's seconds by."""
-        factor = 1.0
+        factor, on = 1.0, set(self.run_config.lever_names)
         for setting in self.run_config.levers:
-            factor *= getattr(self.effects.get(setting.text, Effect()), phase)
+            factor *= getattr(self.effects.get(setting.text, Effect()).under(on), phase)
         return factor
 
     def _work(self, phase: str, seconds: float) -> None:
@@ -186,13 +200,14 @@ class FakeBackend:
     def __init__(self, effects: dict[str, Effect] | None = None, noise: float = 0.02, seed: int = 0,
                  noise_by_runner: dict[int, float] | None = None, classes: dict[str, float] | None = None,
                  kernel: tuple[list, list] = ([], []), device: str = "cpu", kernels: float = 10.0,
-                 graphed_classes: dict[str, float] | None = None, class_kernels: dict[str, float] | None = None
-                 ) -> None:
+                 graphed_classes: dict[str, float] | None = None, class_kernels: dict[str, float] | None = None,
+                 backend_name: str = "fake") -> None:
         self.classes = classes or {"q_proj": 0.2, "attention": 0.2, "norms": 0.1}  # op class → share of a step
         self.graphed_classes = graphed_classes or self.classes  # … of a step of a runner with `graphs` on
         self.kernels = kernels  # kernels per token the profile counts
         self.class_kernels = class_kernels or {}  # op class → kernels per token, where the profile attributes them
         self.device = device  # "cuda": a fake GPU (levers for CUDA build; triage asks its GPU questions)
+        self.backend_name = backend_name  # "torch": the lever table's torch rows apply (the climb's candidates)
         self.kernel_records = kernel  # (KernelChecks, KernelTimings) the kernel probes answer
         self.clock = FakeClock()
         self.effects = effects or {}
@@ -215,7 +230,7 @@ class FakeBackend:
         index = len(self.built)
         runner = FakeRunner(checkpoint, config, self.clock, self.effects, random.Random(self.rng.random()),
                             self.noise_by_runner.get(index, self.noise), calls=self.calls, name=f"r{index}",
-                            device=self.device, device_type=self.device)
+                            device=self.device, device_type=self.device, backend=self.backend_name)
         self.built.append(runner)
         return runner
 

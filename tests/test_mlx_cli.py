@@ -66,10 +66,12 @@ def test_triage_asks_the_three_questions_on_mlx(tmp_path: Path, capsys: pytest.C
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["config"]["backend"] == "mlx" and set(report["answers"]) == {"delete", "fast-path", "dispatch"}
-    assert set(report["levers"]) == {"last_logits", "packed_qkv", "packed_gate_up", "one_sync"}
-    assert all(lever["counters"][name] > 0 for name, lever in report["levers"].items())
-    assert any(note.startswith("graphs: not measured — --levers graphs: runs on the torch backend")
-               for note in report["notes"])
+    ladder = report["ladder"]  # the same climb as on torch, over MLX's rows of the lever table
+    tried = {t["candidate"]["text"] for t in ladder["trials"]}
+    assert {"packed_qkv", "packed_gate_up", "last_logits"} <= tried | {r["added"] for r in ladder["rungs"]}
+    assert all(t["ab"]["counters"][t["candidate"]["text"]] > 0 for t in ladder["trials"] if t["ab"])
+    refused = {r["lever"]: r["why"] for r in ladder["refused"]}
+    assert refused["graphs"] == "runs on the torch backend, not mlx"
     assert any("MLX has no fused attention" in note for note in report["notes"])
     assert report["gates"][0]["default"] == "unfused (cpu)" and report["sweep"][0]["kernels"]
     assert report["census"]["decode"]["readbacks"] == 1.0

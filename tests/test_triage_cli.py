@@ -10,6 +10,7 @@ import pytest
 
 from conftest import tiny_checkpoint
 from kerneltriage.backends.torch import ceilings as ceilings_mod
+from kerneltriage.bench import ab as ab_module
 from kerneltriage.cli.main import main
 from kerneltriage.core.ledger import Ledger
 from kerneltriage.core.roofline import Ceilings
@@ -29,7 +30,9 @@ def tiny_model(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def test_json_html_and_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_html_and_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ab_module, "_load_contention", lambda report: None)  # another job on the cores: not ours
     ledger, page = tmp_path / "ledger.db", tmp_path / "report.html"
     assert main(["triage", *SMALL, "--output", "json", "--html", str(page), "--ledger", str(ledger)]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -38,37 +41,43 @@ def test_json_html_and_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     decode = report["breakdown"]["decode"]
     assert sum(decode["shares"].values()) == pytest.approx(1.0) and "sampling" in decode["shares"]
     codes = {f["code"] for f in report["findings"]}
-    assert {"all-position-logits", "lever-packed_qkv", "lever-packed_gate_up", "lever-one_sync",
-            "kernel-outlook-decode"} <= codes
-    # every lever triage measures runs through ab: both phases, MIN_PAIRS pairs, ab's correctness and counters
-    assert set(report["levers"]) == {"last_logits", "packed_qkv", "packed_gate_up", "one_sync"}
-    assert report["config"]["budget"]["lever_pairs"] == 5
-    for name, lever in report["levers"].items():
-        assert lever["lever"] == name and lever["verdict"] in VERDICTS
-        assert lever["verdict"] not in ("invalid", "indicative"), lever["reason"]  # ran, proven, 5 pairs
-        assert lever["counters"][name] > 0 and set(lever["phases"]) == {"prefill", "decode"}
-        assert all(p["ratio"]["confidence"] == pytest.approx(0.9375) for p in lever["phases"].values())
-        assert "greedy digests equal" in lever["correctness"]
-    # a measured lever is recommended only on ab's win
-    measured = {f["code"]: f for f in report["findings"] if (f["evidence"].get("ab") or {}).get("verdict")}
-    assert measured and all(measured[code]["evidence"]["ab"]["verdict"] == "win"
-                            for code in report["recommendations"] if code in measured)
-    cuda_only = "graphs: not measured — --levers graphs: needs a CUDA device"
-    assert any(note.startswith(cuda_only) for note in report["notes"])
-    assert any(note.startswith("compile: not measured") for note in report["notes"])
-    assert not any("sparse-V: not measured" in note for note in report["notes"])  # real weights: measured
+    assert {"all-position-logits", "kernel-outlook-decode"} <= codes
+    ladder = report["ladder"]
+    # the climb: every candidate judged by ab against the configuration of its round, sequential pairs, or not
+    # timed with the reason (its ceiling inside the band, refused when built)
+    assert ladder["rungs"][0]["added"] == "" and ladder["rungs"][0]["config"] == "levers="
+    assert ladder["stop"] and ladder["rounds"] >= 1
+    timed = [t for t in ladder["trials"] if t["ab"] is not None]
+    assert timed and all(t["verdict"] in VERDICTS for t in timed)
+    for trial in timed:
+        ab = trial["ab"]
+        assert trial["verdict"] not in ("indicative", "invalid"), ab["reason"]  # ran, proven, ≥ 5 pairs
+        assert set(ab["phases"]) == {"prefill", "decode"}
+        assert all(p["ratio"]["confidence"] >= 0.9 for p in ab["phases"].values())  # the sequential level
+        assert ab["counters"][trial["candidate"]["text"]] > 0  # the candidate ran
+        assert ("greedy digests equal" in ab["correctness"]) == (trial["verdict"] in ("win", "traded"))
+    untimed = [t for t in ladder["trials"] if t["ab"] is None]
+    assert all(t["note"] for t in untimed)
+    refused = {r["lever"]: r["why"] for r in ladder["refused"]}
+    assert refused["graphs"] == "needs a CUDA device, not cpu" and refused["pdl"].startswith("needs a CUDA")
+    assert "measured with --budget full" in refused["compile=default"]
+    for rung in ladder["rungs"][1:]:  # each rung a win (or a traded lever its favour takes) on the one below
+        assert rung["verdict"] in ("win", "traded") and rung["rates"]["decode"] > 0
+    assert report["recommendations"] == [f"lever-{rung['added']}" for rung in ladder["rungs"][1:]]
     assert len(report["headlines"]) == 6 and set(report["answers"]) == {"delete", "fast-path", "dispatch"}
+    assert report["headlines"][2].startswith("climb: ")
     assert report["gates"][0]["default"].endswith("(cpu)") and report["sweep"][0]["timer"] == "cpu clock"
     context = report["context"]  # tg8 at depth 0 and as deep as the tiny model's context allows
     assert context["depth"] + context["tokens"] <= 128 and context["shallow_seconds"] > 0
     text = page.read_text()
-    assert text.count("<img") >= 3 and "where time goes" in text
+    assert text.count("<img") >= 4 and "where time goes" in text and "the climb" in text
     assert not list(tmp_path.glob(".report.html-*"))  # the temporary file was renamed, not left behind
     with Ledger(ledger) as opened:
         (experiment,) = opened.all_experiments()
     assert experiment.kind == "triage" and experiment.id == report["experiment_id"]
     assert {f.code for f in experiment.findings} == codes and len(experiment.measurements) == 4
     assert experiment.summary["headlines"] == report["headlines"]
+    assert experiment.summary["ladder"]["final"] == ladder["final"]
 
 
 def test_table_output_has_every_section(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -76,13 +85,14 @@ def test_table_output_has_every_section(tmp_path: Path, capsys: pytest.CaptureFi
             "--ledger", str(tmp_path / "l.db")]
     assert main(args) == 0
     out = capsys.readouterr().out
-    positions = [out.index(title) for title in ("0 setup", "1 where time goes", "2 Q1", "3 Q2", "4 Q3",
-                                                 "5 custom-kernel outlook", "6 recommendations", "headlines")]
+    positions = [out.index(title) for title in ("0 setup", "1 where time goes", "2 Q1", "3 Q2", "4 Q3", "5 the climb",
+                                                 "6 custom-kernel outlook", "7 recommendations", "headlines")]
     assert positions == sorted(positions)
     assert "levers: packed_qkv, packed_gate_up, last_logits" in out  # the baseline as configured, in table order
     assert "prefill computes logits for all" not in out  # the lever is on: the detector stays silent
-    measured = [line.split()[1] for line in out.splitlines() if line.startswith("│ ") and "±" in line]
-    assert measured == ["one_sync"]  # the levers already on are not A/B'd again
+    tried = {line.split("│")[2].strip() for line in out.splitlines() if line.startswith("│ 1 ")}
+    assert tried and not tried & {"last_logits", "packed_gate_up", "packed_qkv"}  # levers on are not tried again
+    assert "(start)" in out and "paste: " in out
     assert "op time" in out and "launches" not in out and "0 kernels" not in out  # no GPU counts on the CPU
 
 

@@ -1,5 +1,5 @@
-"""Triage's lever A/Bs: run through `ab` on stock copies of the baseline's weights, judged by ab's one verdict rule
-(a null lever is neutral, a lever that never runs is invalid and never recommended), with triage's op shares."""
+"""The climb's lever A/Bs (triage/trials.py): run through `ab` on stock copies of the baseline's weights, judged by
+ab's one verdict rule (a null lever is neutral, a lever that never runs is invalid and never adopted)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,16 @@ from kerneltriage.engine.generation import generate_step
 from kerneltriage.engine.levers import LEVERS, LeverSetting
 from kerneltriage.engine.probes import GateRow, SdpaCall
 from kerneltriage.engine.sampling import SamplingParams
-from kerneltriage.triage import measure, q3_dispatch
+from kerneltriage.core.roofline import Ceilings
+from kerneltriage.engine.levers import parse_setting
+from kerneltriage.triage import climbing
 from kerneltriage.triage.breakdown import Breakdown
-from kerneltriage.triage.report import rank
+from kerneltriage.triage.candidates import Candidate
+from kerneltriage.triage.climb import gain
+from kerneltriage.triage.ladder import Ladder, Trial
+from kerneltriage.triage.setup import Budget, Workload
 from kerneltriage.triage.shares import baseline_evidence, lever_shares
+from kerneltriage.triage.trials import Trials
 
 BACKEND = get_backend("torch")
 PROMPT = list(range(1, 17))
@@ -63,26 +69,33 @@ def test_candidate_is_a_stock_copy_with_the_baseline_levers_plus_one() -> None:
         runner.run_config.plus(PACKED_QKV)
 
 
-def test_the_ab_runs_baseline_and_candidate_in_caches_of_one_size(monkeypatch: pytest.MonkeyPatch) -> None:
+def _trials(runner, pairs: int = 5) -> Trials:  # noqa: ANN001
+    """The climb's bench over the tiny runner: pp8, tg4, at most `pairs` pairs a block."""
+    budget = Budget(repeats=1, warmups=0, profile_steps=2, lever_pairs=pairs, lever_tokens=4, lever_prompt=8,
+                    census_prompt=4, census_tokens=2, context_depth=0)
+    return Trials(BACKEND, runner, Workload(8, 4, 0), budget, Ceilings(20e9, 100e9, "measured", "test", "float32"))
+
+
+def _candidate(runner, text: str) -> Candidate:  # noqa: ANN001
+    setting = parse_setting(text)
+    return Candidate(text, setting.lever.question, runner.run_config.plus(setting), {})
+
+
+def test_every_block_runs_its_sides_in_caches_of_one_size(monkeypatch: pytest.MonkeyPatch) -> None:
     runner = tiny_runner("llama")
     runner.reset_cache(100)  # left by an earlier, longer stage
-    sizes: list[dict[str, int]] = []
-    real = measure.run_ab
-
-    def spy(backend, runners, settings, progress, shares, evidence):  # noqa: ANN001, ANN202
-        def tell(what: str) -> None:
-            if "pair" in what:  # inside a timed block
-                sizes.append({name: r.model.cache.max_len for name, r in runners.items()})
-        return real(backend, runners, settings, tell, shares, evidence)
-
-    monkeypatch.setattr(measure, "run_ab", spy)
-    settings = ab.Settings(prompt=8, gen=4, pairs=2, warmups=0)
-    result = measure.measure_lever(BACKEND, runner, LeverSetting(LEVERS["last_logits"]), settings)
-    assert sizes and all(len(set(seen.values())) == 1 for seen in sizes)  # A, A' and B: one cache size
-    assert max(sizes[0].values()) < 100  # not the 100-slot cache of before
-    assert runner.model.cache is None  # A's cache is dropped again after the A/B
-    assert result.lever == "last_logits" and result.counters == {"last_logits": 2 * settings.pairs}
-    assert result.verdict in ("indicative", "contended") and set(result.phases) == {"prefill", "decode"}
+    trials = _trials(runner)
+    built: list = []
+    real_copy = BACKEND.copy
+    monkeypatch.setattr(BACKEND, "copy", lambda r, c: built.append(real_copy(r, c)) or built[-1])
+    base = trials.base(runner.run_config)
+    caches = {runner.model.cache.max_len} | {r.model.cache.max_len for r in built if r.model.cache is not None}
+    assert len(caches) == 1 and max(caches) < 100  # A and its twin: one cache, not the 100-slot one of before
+    result, note, _ = trials.judge(base, _candidate(runner, "last_logits"))
+    assert note == "" and result.lever == "last_logits" and result.counters["last_logits"] > 0
+    assert set(result.phases) == {"prefill", "decode"}
+    trials.release(base)
+    assert runner.model.cache is None  # the user's runner keeps no cache once its base is released
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -106,7 +119,7 @@ def _fake_timer(monkeypatch: pytest.MonkeyPatch, b_factor: float) -> None:
     clock: 1 ms per token, times `b_factor` on the candidate, times 1 ± 1% with the sign alternating from sample to
     sample. Within each pair the side that runs first is 2% slower, and pairs alternate which side runs first: the
     noise is symmetric between the sides by construction, and the A/A band it gives is ±2%."""
-    calls, real = itertools.count(), ab._sampler
+    calls, real = itertools.count(), ab.sampler_of
 
     def sampler(runner, test: Test, *rest: object) -> Callable[[], Sample]:  # noqa: ANN001
         run = real(runner, test, *rest)
@@ -117,7 +130,8 @@ def _fake_timer(monkeypatch: pytest.MonkeyPatch, b_factor: float) -> None:
             return run()._replace(timed=1e-3 * test.n * factor * (1 + noise))
         return sample
 
-    monkeypatch.setattr(ab, "_sampler", sampler)
+    monkeypatch.setattr(ab, "sampler_of", sampler)
+    monkeypatch.setattr(ab, "_load_contention", lambda report: None)  # fake times: another load cannot move them
 
 
 def _counts_only(runner, value) -> None:  # noqa: ANN001
@@ -136,45 +150,45 @@ def test_a_null_lever_is_neutral_and_a_real_difference_is_not(monkeypatch: pytes
                                                               expected: str) -> None:
     monkeypatch.setitem(torch_levers.APPLIERS, "packed_qkv", _counts_only)
     _fake_timer(monkeypatch, b_factor)
-    result = measure.measure_lever(BACKEND, tiny_runner("llama"), PACKED_QKV, FIVE_PAIRS)
+    runner = tiny_runner("llama")
+    trials = _trials(runner)
+    base = trials.base(runner.run_config)
+    result, _, _ = trials.judge(base, _candidate(runner, "packed_qkv"))
     assert result.verdict == expected, result.reason
-    assert result.counters == {"packed_qkv": 2 * FIVE_PAIRS.pairs}  # pp samples and each tg sample's prefill
-    assert "greedy digests equal" in result.correctness
+    assert result.counters["packed_qkv"] > 0
+    # only a win has its outputs checked (the climb adopts nothing else)
+    assert ("greedy digests equal" in result.correctness) == (expected == "win")
     for phase in ("prefill", "decode"):
         record = result.phases[phase]
         assert record["band"] == pytest.approx(1.01 / 0.99 - 1)  # the fake clock's noise, sized by the A/A block
-        assert record["ratio"]["confidence"] == pytest.approx(0.9375)  # [min, max] of 5 pairs
+        assert record["ratio"]["confidence"] == pytest.approx(0.9375)  # [min, max] of 5 pairs, one look
         assert result.ratio(phase) == pytest.approx(1 / b_factor, rel=0.03)  # B/A throughput
         assert record["verdict"] == expected
-    finding = q3_dispatch.lever_finding(result, DECODE)
-    assert finding.confidence == "measured" and finding.measured_gain == result.ratio("decode")
-    assert (rank([finding]) == [finding]) == (expected == "win")  # only ab's win is recommended
+    finding = climbing.findings(Ladder([], [Trial(1, _candidate(runner, "packed_qkv"), "stock", result)]))
+    assert finding[0].confidence == "measured" and finding[0].measured_gain == pytest.approx(1 / b_factor, rel=0.03)
 
 
-def test_a_lever_that_never_runs_is_invalid_and_never_recommended(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lever_that_never_runs_is_invalid(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(torch_levers.APPLIERS, "packed_qkv", lambda runner, value: None)
-    settings = ab.Settings(prompt=8, gen=4, pairs=2, warmups=0)
-    result = measure.measure_lever(BACKEND, tiny_runner("llama"), PACKED_QKV, settings)
+    runner = tiny_runner("llama")
+    trials = _trials(runner)
+    result, _, _ = trials.judge(trials.base(runner.run_config), _candidate(runner, "packed_qkv"))
     assert result.verdict == "invalid" and "never executed" in result.reason and "packed_qkv" in result.reason
     assert result.counters == {"packed_qkv": 0} and not result.valid
     assert result.ratio("decode") is None and result.ratio("prefill") is None  # no gain from an invalid A/B
-    findings = q3_dispatch.analyze(DECODE, {"readbacks": 1.0}, {"packed_qkv": result}, gpu=False)
-    (finding,) = [f for f in findings if f.lever == "packed_qkv"]
-    assert finding.measured_gain is None and finding.evidence["ab"]["verdict"] == "invalid"
-    assert "never executed" in finding.title
-    assert finding not in rank(findings)
-    # the control: the same finding with ab's win is recommended, so the verdict is what keeps it out
-    won = q3_dispatch.lever_finding(dataclasses.replace(result, verdict="win"), DECODE)
-    assert rank([won]) == [won]
+    ladder = Ladder([], [Trial(1, _candidate(runner, "packed_qkv"), "stock", result)])
+    assert climbing.findings(ladder) == []  # an invalid A/B makes no finding
+    assert gain(result, "balanced", {"prefill": 1.0, "decode": 1.0}, {"prefill": 0.01, "decode": 0.01}) is None
 
 
-def test_a_lever_that_cannot_apply_here_is_a_note_not_a_result() -> None:
-    notes: list[str] = []
+def test_a_lever_that_cannot_apply_here_is_refused_before_anything_runs() -> None:
     runner = tiny_runner("llama")
-    settings = ab.Settings(prompt=8, gen=4, pairs=2, warmups=0)
-    assert measure.try_lever(BACKEND, runner, LeverSetting(LEVERS["graphs"]), settings, None, None, notes) is None
-    assert notes == ["graphs: not measured — --levers graphs: needs a CUDA device, not cpu"]
-    assert runner.counters == {} and runner.model.cache is None  # nothing ran
+    trials = _trials(runner)
+    base = trials.base(runner.run_config)
+    before = dict(runner.counters)
+    result, note, _ = trials.judge(base, _candidate(runner, "graphs"))
+    assert result is None and note == "refused when built: --levers graphs: needs a CUDA device, not cpu"
+    assert dict(runner.counters) == before  # nothing ran
 
 
 def test_lever_shares_follow_the_seams_and_phases_of_the_table() -> None:

@@ -20,7 +20,7 @@ from kerneltriage.bench.ab_report import Report, checklist, describe
 from kerneltriage.bench.equivalence import Correctness, check_outputs, check_timed
 from kerneltriage.bench.harness import Sample, decode_sample, prefill_sample, prompts_sample
 from kerneltriage.bench.workloads import PromptSet, Test, check_fits, expand, tokens_for
-from kerneltriage.core import stats, verdict
+from kerneltriage.core import sequential, stats, verdict
 from kerneltriage.core.contention import contention
 from kerneltriage.core.environment import take_snapshot
 from kerneltriage.core.errors import InputError
@@ -45,10 +45,14 @@ class Settings:
     warmups: int = 1
     sustain: float = 0.0
     prompt_set: PromptSet | None = None
+    sequential: bool = False  # the A/B block stops once it clears the band or cannot (core/sequential.py)
+    winners_only: bool = False  # outputs checked after the timing, and only where it shows a win (triage's climb)
 
     def __post_init__(self) -> None:
         if self.pairs < 2 or self.warmups < 0 or self.sustain < 0:
             raise ValueError(f"ab settings: pairs ≥ 2, warm-ups ≥ 0, sustain ≥ 0, got {self}")
+        if self.sequential and self.pairs < sequential.LOOKS[0]:
+            raise ValueError(f"ab settings: sequential pairs need at least {sequential.LOOKS[0]}, got {self.pairs}")
 
     @property
     def tests(self) -> list[Test]:
@@ -109,7 +113,7 @@ def _interval(i: stats.Interval) -> dict[str, float]:
     return {"estimate": i.estimate, "low": i.low, "high": i.high, "confidence": i.confidence}
 
 
-def _sampler(runner: Runner, test: Test, prompt_set: PromptSet | None = None) -> Callable[[], Sample]:
+def sampler_of(runner: Runner, test: Test, prompt_set: PromptSet | None = None) -> Callable[[], Sample]:
     tokens = tokens_for(test, runner.config.vocab_size)
     if test.kind == "pp":
         return lambda: prefill_sample(runner, tokens)
@@ -119,11 +123,11 @@ def _sampler(runner: Runner, test: Test, prompt_set: PromptSet | None = None) ->
 
 
 def _paired(first: Callable[[], Sample], second: Callable[[], Sample], pairs: int,
-            tell: Callable[[int], None]) -> tuple[list[Sample], list[Sample]]:
-    """`pairs` interleaved samples of two samplers; odd pairs run the second one first."""
+            tell: Callable[[int], None], start: int = 0) -> tuple[list[Sample], list[Sample]]:
+    """`pairs` interleaved samples of two samplers; odd pairs (counted from `start`) run the second one first."""
     xs, ys = [], []
     for i in range(pairs):
-        if i % 2:
+        if (start + i) % 2:
             y, x = second(), first()
         else:
             x, y = first(), second()
@@ -134,13 +138,19 @@ def _paired(first: Callable[[], Sample], second: Callable[[], Sample], pairs: in
 
 
 def _block(names: tuple[str, str], samplers: Mapping[str, Callable[[], Sample]], test: Test, block: str,
-           settings: Settings, warm: dict[str, list[float]], progress: Progress, gpu: int
-           ) -> tuple[tuple[Measurement, ...], tuple[tuple[int, ...], ...]]:
+           settings: Settings, warm: dict[str, list[float]], progress: Progress, gpu: int, band: float | None = None
+           ) -> tuple[tuple[Measurement, ...], tuple[tuple[int, ...], ...], stats.Interval]:
     """One block of interleaved pairs, as two measurements with the block's start/end snapshots (a runner's
-    warm-ups, popped from `warm`, go with its first measurement), and each side's first tokens."""
+    warm-ups, popped from `warm`, go with its first measurement), each side's first tokens and the ratio's interval.
+    With `band` and sequential settings the block stops at the first look that settles it."""
     start = take_snapshot(gpu)
     tell = lambda i: progress(f"{test.name} {block} pair {i}/{settings.pairs}")  # noqa: E731
-    samples = _paired(samplers[names[0]], samplers[names[1]], settings.pairs, tell)
+    first, second = samplers[names[0]], samplers[names[1]]
+    if band is not None and settings.sequential:
+        samples, ratio = _sequential(first, second, settings.pairs, band, tell)
+    else:
+        samples = _paired(first, second, settings.pairs, tell)
+        ratio = stats.paired_ratio_ci([s.timed for s in samples[0]], [s.timed for s in samples[1]])
     end = take_snapshot(gpu)
     measurements = tuple(
         Measurement(MeasurementSpec(f"{name} {test.name} ({block})", test.phase, settings.tokens_per_sample(test),
@@ -148,23 +158,61 @@ def _block(names: tuple[str, str], samplers: Mapping[str, Callable[[], Sample]],
                                     {"config": name, "block": block, "test": test.name}),
                     [s.timed for s in side], warm.pop(name, []), start, end)
         for name, side in zip(names, samples))
-    return measurements, tuple(side[0].tokens for side in samples)
+    return measurements, tuple(side[0].tokens for side in samples), ratio
+
+
+def _sequential(first: Callable[[], Sample], second: Callable[[], Sample], most: int, band: float,
+                tell: Callable[[int], None]) -> tuple[tuple[list[Sample], list[Sample]], stats.Interval]:
+    """Interleaved pairs up to each look of `most`, stopping at the first look that settles the block (only a win
+    is sought: the climb adopts nothing else); the interval carries the sequential level."""
+    xs: list[Sample] = []
+    ys: list[Sample] = []
+    for look in sequential.looks(most):
+        more = _paired(first, second, look - len(xs), lambda i, done=len(xs): tell(done + i), start=len(xs))
+        xs += more[0]
+        ys += more[1]
+        decision = sequential.decide([x.timed / y.timed for x, y in zip(xs, ys)], band, most, show_loss=False)
+        if decision.stop:
+            break
+    return (xs, ys), decision.interval
+
+
+@dataclass(frozen=True)
+class Noise:
+    """One phase's A/A block (A against its twin A'), measured once and reused by the A/Bs against the same A."""
+
+    aa: tuple[Measurement, Measurement]
+    ratio: stats.Interval
+
+    @property
+    def band(self) -> float:
+        return verdict.noise_band(self.ratio)
+
+
+def measure_noise(runners: Mapping[str, Runner], test: Test, settings: Settings, progress: Progress) -> Noise:
+    """Warm-ups of A and A', then the A/A block of `test`."""
+    samplers = {name: sampler_of(runners[name], test, settings.prompt_set) for name in ("A", "A'")}
+    warm = {name: [sampler().timed for _ in range(settings.warmups)] for name, sampler in samplers.items()}
+    aa, _, ratio = _block(("A", "A'"), samplers, test, "A/A", settings, warm, progress, runners["A"].gpu_index or 0)
+    return Noise(aa, ratio)
 
 
 def measure_phase(runners: Mapping[str, Runner], test: Test, settings: Settings, progress: Progress,
-                  share: float | None = None) -> Phase:
-    """Warm-ups of every runner, the A/A block, then the A/B block; ratios, band and verdict."""
-    samplers = {name: _sampler(runner, test, settings.prompt_set) for name, runner in runners.items()}
+                  share: float | None = None, noise: Noise | None = None) -> Phase:
+    """Warm-ups of every runner, the A/A block (or `noise`, measured before against the same A), then the A/B
+    block; ratios, band and verdict."""
+    samplers = {name: sampler_of(runner, test, settings.prompt_set) for name, runner in runners.items()
+                if noise is None or name != "A'"}
     warm = {name: [sampler().timed for _ in range(settings.warmups)] for name, sampler in samplers.items()}
     progress(f"{test.name} warmed up")
     gpu = runners["A"].gpu_index or 0
-    aa, _ = _block(("A", "A'"), samplers, test, "A/A", settings, warm, progress, gpu)
-    ab, tokens = _block(("A", "B"), samplers, test, "A/B", settings, warm, progress, gpu)
-    aa_ratio = stats.paired_ratio_ci(aa[0].samples, aa[1].samples)
-    ratio = stats.paired_ratio_ci(ab[0].samples, ab[1].samples)
-    band = verdict.noise_band(aa_ratio)
-    return Phase(test, settings.name(test), aa, ab, aa_ratio, ratio, band, verdict.phase_verdict(ratio, band, share),
-                 tokens)
+    if noise is None:
+        aa, _, aa_ratio = _block(("A", "A'"), samplers, test, "A/A", settings, warm, progress, gpu)
+        noise = Noise(aa, aa_ratio)
+    ab, tokens, ratio = _block(("A", "B"), samplers, test, "A/B", settings, warm, progress, gpu, noise.band)
+    band = noise.band
+    return Phase(test, settings.name(test), noise.aa, ab, noise.ratio, ratio, band,
+                 verdict.phase_verdict(ratio, band, share), tokens)
 
 
 def sustain(runners: Mapping[str, Runner], settings: Settings, progress: Progress
@@ -172,7 +220,7 @@ def sustain(runners: Mapping[str, Runner], settings: Settings, progress: Progres
     """Alternate A and B (every test each) for `settings.sustain` seconds; first vs last window rate per config
     and phase."""
     seconds, tests = settings.sustain, settings.tests
-    samplers = {(name, test): _sampler(runners[name], test, settings.prompt_set) for name in ("A", "B")
+    samplers = {(name, test): sampler_of(runners[name], test, settings.prompt_set) for name in ("A", "B")
                 for test in tests}
     times: dict[tuple[str, Test], list[float]] = {key: [] for key in samplers}
     gpu = runners["A"].gpu_index or 0
@@ -214,18 +262,20 @@ def _executions(runners: Mapping[str, Runner]) -> dict[str, dict[str, int]]:
 
 def run_ab(backend: Backend, runners: Mapping[str, Runner], settings: Settings, progress: Progress,
            shares: Mapping[str, float] | None = None,
-           baseline_evidence: Mapping[str, str | None] | None = None) -> Report:
+           baseline_evidence: Mapping[str, str | None] | None = None,
+           noise: Mapping[str, Noise] | None = None) -> Report:
     """Correctness, then every phase (A/A and A/B blocks), then the sustained window; checklist and verdict.
 
     `shares`: phase → the changed op's measured share of that phase (for no-lever); `baseline_evidence`:
-    check → problem found in the baseline, or None when it passed (answers checklist point 3)."""
+    check → problem found in the baseline, or None when it passed (answers checklist point 3); `noise`: phase → an
+    A/A block measured before against this very A (then no A' is needed). With `settings.winners_only` the
+    outputs are checked after the timing, where it shows a win."""
     a, b = runners["A"], runners["B"]
     check_fits(settings.tests, a.config.max_context)
     if settings.context_needed > a.config.max_context:
         raise InputError(f"--prompts {settings.prompt_set.name}: the longest prompt ({settings.prompt_set.longest} "
                          f"tokens) and {settings.gen} new ones exceed the model's context of {a.config.max_context}")
-    progress("checking outputs")
-    correctness = check_outputs(backend, a, b)
+    correctness = None if settings.winners_only else _checked(backend, a, b, progress)
     for runner in runners.values():  # one cache for every test, the same size on all three: reused, never reallocated
         runner.drop_cache()  # the correctness check left bigger caches on A and B than on A'
         runner.reset_cache(settings.context_needed)
@@ -233,10 +283,17 @@ def run_ab(backend: Backend, runners: Mapping[str, Runner], settings: Settings, 
     for runner in runners.values():
         if runner.speculation is not None:
             runner.speculation.reset_total()  # what the phases' runs do, warm-ups included
-    phases = [measure_phase(runners, t, settings, progress, (shares or {}).get(t.phase)) for t in settings.tests]
+    phases = [measure_phase(runners, t, settings, progress, (shares or {}).get(t.phase), (noise or {}).get(t.phase))
+              for t in settings.tests]
     counters = {name: {key: n - before[name][key] for key, n in c.items()} for name, c in _executions(runners).items()}
     speculation = {name: r.speculation.total.brief() for name, r in runners.items() if r.speculation is not None}
-    correctness = _with_timed(backend, a, b, correctness, phases, settings)
+    if correctness is None:
+        timing = verdict.timing_verdict({p.test.phase: p.verdict for p in phases}, [p.test.phase for p in phases
+                                                                                   if p.slower])
+        correctness = (_checked(backend, a, b, progress) if timing.verdict in ("win", "traded")
+                       else Correctness.unchecked())
+    if correctness.checked:
+        correctness = _with_timed(backend, a, b, correctness, phases, settings)
     sustained, windows = sustain(runners, settings, progress) if settings.sustain else ([], {})
     report = Report(describe(runners, settings), correctness, counters,
                     sorted({key for c in counters.values() for key, n in c.items() if n == 0}),
@@ -247,6 +304,11 @@ def run_ab(backend: Backend, runners: Mapping[str, Runner], settings: Settings, 
         {p.test.phase: p.verdict for p in phases}, correctness.passed, report.silent, correctness.detail,
         slower_phases=[p.test.phase for p in phases if p.slower], pairs=settings.pairs, contention=report.contention)
     return report
+
+
+def _checked(backend: Backend, a: Runner, b: Runner, progress: Progress) -> Correctness:
+    progress("checking outputs")
+    return check_outputs(backend, a, b)
 
 
 def _load_contention(report: Report) -> str | None:

@@ -65,6 +65,12 @@ class Correctness:
     quality: dict[str, tuple[float, bool]] = field(default_factory=dict)  # declared metric → (value, holds)
     seams: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     timed: str | None = None
+    checked: bool = True  # False: not compared, because the timing showed no win (`ab`'s winners-only check)
+
+    @classmethod
+    def unchecked(cls) -> "Correctness":
+        """No comparison made: an A/B whose timing shows no win is not adopted, so its outputs need no check."""
+        return cls("", "", 0, checked=False)
 
     @property
     def logits_pass(self) -> bool:
@@ -80,12 +86,16 @@ class Correctness:
 
     @property
     def passed(self) -> bool:
+        if not self.checked:
+            return True  # nothing shown wrong; never a win (run_ab checks every timing that wins)
         if self.quality:  # an approximating lever: its declared metric is the whole judgement of its outputs
             return all(holds for _, holds in self.quality.values()) and self.timed is None
         return self.logits_pass and not self.seam_failures and self.timed is None
 
     @property
     def detail(self) -> str:
+        if not self.checked:
+            return "outputs not checked: the timing showed no win (only winners are checked)"
         same = "equal" if self.digest_a == self.digest_b else "differ"
         prompts = 1 if self.tokens == WINDOW_TOKENS else DIGEST_PROMPTS
         parts = [f"greedy digests {same} over {prompts} prompt(s) × {self.tokens} tokens"]

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from kerneltriage.engine.checkpoint import Checkpoint
     from kerneltriage.engine.config import ModelConfig
     from kerneltriage.engine.configuration import RunConfig
+    from kerneltriage.engine.levers import Place
     from kerneltriage.engine.probes import (GateRow, KernelCheck, KernelTiming, PhaseProfile, SdpaCall, Sparsity,
                                             SweepCurve)
     from kerneltriage.engine.sampling import SamplingParams
@@ -131,6 +132,10 @@ class Runner(Steps, Protocol):
 
     @property
     def config(self) -> "ModelConfig": ...
+
+    @property
+    def place(self) -> "Place":
+        """Where levers would run: the backend, device type, architecture and the model's named seams."""
 
     def reset_cache(self, needed: int) -> None:
         """A cache with room for `needed` positions, emptied; reused when big enough."""

@@ -4,9 +4,11 @@ A lever is a named change applied to a built model from outside the model code, 
 questions (delete work, unlock a fast path, cut dispatch) or swapping in a custom kernel. Its record says
 where it acts (`stage`: the model's modules, the step functions, or the token loop; `seams`: which of the
 model's named seams it replaces; `phases`: prefill and/or decode), whether it changes the arithmetic
-(`numerics`), and where it runs (`backends`, `devices`). The table's row order is the composition order:
-model changes first, then the steps that call the model (compile before graphs captures it), then the loop.
-Backends register one applier per lever name (`backends/<name>/levers.py`); nothing else lists levers.
+(`numerics`), where it runs (`backends`, `devices`, `architectures`), how it composes with the others
+(`requires`, `clashes`) and what it costs before its first timed run (`warmup`). The table's row order is the
+composition order: model changes first, then the steps that call the model (compile before graphs captures it),
+then the loop. Backends register one applier per lever name (`backends/<name>/levers.py`); `refusal` says, from the
+table alone, why a lever cannot run in a configuration; nothing else lists levers or keys a decision on their names.
 """
 
 from __future__ import annotations
@@ -31,6 +33,16 @@ SEAMS = ("norm", "add_norm", "qkv", "attn.decode", "attn.prefill", "o_proj", "ga
 KERNEL_REF = re.compile(r"^(?:[\w./-]+\.py|[A-Za-z_][\w.]*):[A-Za-z_]\w*$")  # FILE.py:NAME or pkg.module:NAME
 DEVICES = ("cuda", "cpu", "metal")  # device types: torch's CUDA and CPU; MLX's Metal, CUDA and CPU
 BOTH = ("torch", "mlx")  # levers with an applier on each backend
+SLOW_WARMUP = 10.0  # seconds: a lever whose warm-up (compilation) takes longer is measured only when asked for
+
+
+@dataclass(frozen=True)
+class Clash:
+    """Levers that cannot run beside the one declaring it (on `backends`), and why: checked both ways."""
+
+    levers: tuple[str, ...]
+    why: str
+    backends: tuple[str, ...] = BOTH
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,11 @@ class Lever:
     backends: tuple[str, ...] = ("torch",)
     devices: tuple[str, ...] = ("cuda", "cpu")
     quality: str | None = None
+    architectures: tuple[str, ...] = ()  # the architectures whose layers it takes (empty: every one)
+    requires: tuple[str, ...] = ()  # levers that must be on beside it
+    clashes: tuple[Clash, ...] = ()
+    warmup: tuple[tuple[str, float], ...] = ()  # (backend, seconds before its first timed run: compilation)
+    gated: bool = False  # it routes attention to another path: worth trying only where the gate audit finds one
 
     def __post_init__(self) -> None:
         for field, value, allowed in (("question", self.question, QUESTIONS), ("stage", self.stage, STAGES),
@@ -62,6 +79,16 @@ class Lever:
             raise ValueError(f"lever {self.name}: a quality metric is declared exactly when it approximates")
         if self.quality is not None:
             Quality.parse(self.quality)  # top1>=FRACTION or kl<=NATS
+        if any(backend not in self.backends or seconds < 0 for backend, seconds in self.warmup):
+            raise ValueError(f"lever {self.name}: warm-up {self.warmup}: expected (backend, seconds ≥ 0) pairs")
+
+    def warmup_seconds(self, backend: str) -> float:
+        """Seconds of warm-up (compilation) before its first timed run on `backend` (0: none worth naming)."""
+        return dict(self.warmup).get(backend, 0.0)
+
+    def slow_to_warm(self, backend: str) -> bool:
+        """Its warm-up takes longer than SLOW_WARMUP on `backend`: measured only when the budget allows."""
+        return self.warmup_seconds(backend) > SLOW_WARMUP
 
     @property
     def takes_value(self) -> bool:
@@ -83,7 +110,10 @@ TABLE: tuple[Lever, ...] = (
     Lever("quantized", "delete", "model", "GGUF Q4_0/Q4_1/Q8_0 weights kept as their blocks (MLX: "
           "mx.quantized_matmul; torch: a Triton GEMV for ≤ 8 rows on CUDA, the layers' projections only): 4.5-8.5 "
           "bits read per weight instead of the dequantized 16-32", numerics="reorders",
-          seams=("qkv", "o_proj", "gate_up", "down", "lm_head"), backends=BOTH, devices=DEVICES),
+          seams=("qkv", "o_proj", "gate_up", "down", "lm_head"), backends=BOTH, devices=DEVICES,
+          clashes=(Clash(("packed_qkv", "packed_gate_up", "fused_layer", "kernel"),
+                         "they read the dequantized weights it drops", ("torch",)),
+                   Clash(("compile",), "compile would trace its Triton GEMV", ("torch",)))),
     Lever("packed_qkv", "dispatch", "model", "q, k and v from one matmul instead of three", numerics="reorders",
           seams=("qkv",), backends=BOTH, devices=DEVICES),
     Lever("packed_gate_up", "dispatch", "model", "gate and up from one matmul instead of two", numerics="reorders",
@@ -92,25 +122,29 @@ TABLE: tuple[Lever, ...] = (
           numerics="reorders", seams=("norm",)),
     Lever("sdpa_fold", "fast-path", "model", "one-token decode attention with each KV head's query heads folded "
           "into one block: no backend needs GQA support (efficient attention refuses it)", phases=("decode",),
-          numerics="reorders", seams=("attn.decode",)),
+          numerics="reorders", seams=("attn.decode",), gated=True),
     Lever("sdpa_pad", "fast-path", "model", "head_dim zero-padded to the nearest size a fused SDPA backend takes, "
-          "when none takes the model's own", numerics="reorders", seams=("attn.decode", "attn.prefill")),
+          "when none takes the model's own", numerics="reorders", seams=("attn.decode", "attn.prefill"), gated=True),
     Lever("flex_decode", "fast-path", "model", "decode attention through compiled FlexAttention, whose decoding "
           "kernel splits the keys across the SMs (flash-decoding)", phases=("decode",), numerics="reorders",
-          seams=("attn.decode",), devices=("cuda",)),
+          seams=("attn.decode",), devices=("cuda",),
+          clashes=(Clash(("sdpa_fold",), "both replace decode attention"),), gated=True),
     Lever("sdpa_backend", "fast-path", "model", "attention tries the named SDPA backend first (the others stay as "
           "fallbacks); counted only for calls that backend can serve", numerics="reorders",
-          seams=("attn.decode", "attn.prefill"), choices=("flash", "efficient", "cudnn", "math")),
+          seams=("attn.decode", "attn.prefill"), choices=("flash", "efficient", "cudnn", "math"), gated=True),
     Lever("sdpa_unfused", "fast-path", "model", "attention as matmul → softmax → matmul instead of "
           "mx.fast.scaled_dot_product_attention: what the fused kernel is worth where its gate takes the shape",
-          numerics="reorders", seams=("attn.decode", "attn.prefill"), backends=("mlx",), devices=DEVICES),
+          numerics="reorders", seams=("attn.decode", "attn.prefill"), backends=("mlx",), devices=DEVICES, gated=True),
     Lever("fused_layer", "kernel", "model", "each layer's decode and verify rows (≤ 32) as six Triton kernels: "
           "norm → QKV → RoPE → cache write; split-KV attention; combine; o_proj → + residual; norm → gate_up → "
           "SiLU·mul; down → + residual (llama layers; not under compile)", phases=("decode",), numerics="reorders",
-          seams=("norm", "qkv", "attn.decode", "o_proj", "gate_up", "down"), devices=("cuda",)),
+          seams=("norm", "qkv", "attn.decode", "o_proj", "gate_up", "down"), devices=("cuda",),
+          architectures=("llama", "qwen2"),  # qwen3's per-head q/k norms are not in its kernels
+          clashes=(Clash(("compile",), "compile would trace its Triton kernels (graphs replays them)"),
+                   Clash(("flex_decode", "sdpa_fold"), "its kernels attend themselves: theirs would not run"))),
     Lever("pdl", "dispatch", "model", "fused_layer's kernels launched with programmatic dependent launch: each "
           "requests its weights while the one before it finishes and waits only where it reads that one's output "
-          "(compute capability 9.0+)", phases=("decode",), devices=("cuda",)),
+          "(compute capability 9.0+)", phases=("decode",), devices=("cuda",), requires=("fused_layer",)),
     Lever("kernel", "kernel", "model", "a custom kernel replaces the stock op at the seam it declares",
           numerics="reorders", value_pattern=KERNEL_REF, backends=BOTH, devices=DEVICES),
     # step stage: the functions that call the model
@@ -118,10 +152,11 @@ TABLE: tuple[Lever, ...] = (
           phases=("prefill",), seams=("lm_head",), backends=BOTH, devices=DEVICES),
     Lever("compile", "dispatch", "step", "decode step (and verify) through torch.compile, or mx.compile on a static "
           "cache (MLX: default only)", phases=("decode",), numerics="reorders",
-          choices=("default", "max-autotune-no-cudagraphs"), backends=BOTH, devices=DEVICES),
+          choices=("default", "max-autotune-no-cudagraphs"), backends=BOTH, devices=DEVICES,
+          warmup=(("torch", 60.0),)),  # inductor: 40-80 s per compilation of the default model on the H200
     Lever("compile_prefill", "dispatch", "step", "the prefill step through torch.compile, the prompt length "
           "dynamic: one compilation for every length, one call instead of an eager launch per op",
-          phases=("prefill",), numerics="reorders"),
+          phases=("prefill",), numerics="reorders", warmup=(("torch", 60.0),)),
     Lever("graphs", "dispatch", "step", "decode step (and verify) replayed from CUDA graphs (static cache, one "
           "graph per attention window)", phases=("decode",), numerics="reorders", devices=("cuda",)),
     Lever("prefill_graphs", "dispatch", "step", "the prefill replayed from CUDA graphs: the prompt padded to a "
@@ -133,6 +168,58 @@ TABLE: tuple[Lever, ...] = (
 )
 LEVERS: dict[str, Lever] = {lever.name: lever for lever in TABLE}
 ORDER: dict[str, int] = {lever.name: index for index, lever in enumerate(TABLE)}
+
+
+def _check_table() -> None:
+    """Every lever a row requires or clashes with is a row of the table, and none requires one it clashes with."""
+    for lever in TABLE:
+        named = set(lever.requires) | {name for clash in lever.clashes for name in clash.levers}
+        if not named <= set(LEVERS) or lever.name in named:
+            raise ValueError(f"lever {lever.name}: requires/clashes name {sorted(named - set(LEVERS))} or itself")
+        if set(lever.requires) & {name for clash in lever.clashes for name in clash.levers}:
+            raise ValueError(f"lever {lever.name}: requires a lever it clashes with")
+
+
+_check_table()
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where levers would run: the backend, the device type, the model's architecture and its named seams."""
+
+    backend: str
+    device_type: str
+    arch: str
+    seams: tuple[str, ...] = SEAMS
+
+
+def _clash(lever: Lever, other: str, backend: str) -> str | None:
+    """Why `lever` cannot run beside `other` on `backend`, by `lever`'s own row (None: it can)."""
+    return next((clash.why for clash in lever.clashes if other in clash.levers and backend in clash.backends), None)
+
+
+def refusal(setting: "LeverSetting", on: tuple["LeverSetting", ...], place: Place) -> str | None:
+    """Why `setting` cannot run beside the levers `on` at `place`, from the table alone (None: nothing in the table
+    refuses it; its applier may still, for what only the device can say)."""
+    lever = setting.lever
+    if place.backend not in lever.backends:
+        return f"runs on the {', '.join(lever.backends)} backend, not {place.backend}"
+    if place.device_type not in lever.devices:
+        return f"needs a {' or '.join(d.upper() for d in lever.devices)} device, not {place.device_type}"
+    missing = [seam for seam in lever.seams if seam not in place.seams]
+    if missing:
+        return f"replaces the {', '.join(missing)} seam, which a {place.arch} model does not have"
+    if lever.architectures and place.arch not in lever.architectures:
+        return f"takes {', '.join(lever.architectures)} layers, not {place.arch}'s"
+    names = {s.name for s in on}
+    absent = [name for name in lever.requires if name not in names]
+    if absent:
+        return f"needs {', '.join(absent)} on beside it"
+    for other in sorted(names - {lever.name}):
+        why = _clash(lever, other, place.backend) or _clash(LEVERS[other], lever.name, place.backend)
+        if why:
+            return f"not with {other}: {why}"
+    return None
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+from kerneltriage.engine.levers import LEVERS, LeverSetting, Place, parse_setting, refusal
 from kerneltriage.triage.amdahl import speedup_if_free
 from kerneltriage.triage.breakdown import Breakdown
 
@@ -64,7 +65,7 @@ CANDIDATES: tuple[Candidate, ...] = (
 )
 
 
-FUSED_LAYER_ARCHS = ("llama", "qwen2")  # the layers the torch `fused_layer` lever takes (backends/torch/fused_layer.py)
+BUILT_BY = "fused_layer"  # the lever that builds these fusions (its row in engine/levers.py says where it runs)
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,9 @@ class Structure:
     @property
     def fused_layer_offered(self) -> bool:
         """`fused_layer` would run here and is not on yet."""
-        return self.backend == "torch" and self.arch in FUSED_LAYER_ARCHS and "fused_layer" not in self.levers
+        on = tuple(parse_setting(text) for text in self.levers)
+        return BUILT_BY not in self.levers and refusal(LeverSetting(LEVERS[BUILT_BY]), on,
+                                                       Place(self.backend, "cuda", self.arch)) is None
 
     def class_kernels(self, cls: str) -> float:
         """Eager kernels per layer of one op class."""

@@ -121,6 +121,41 @@ def sdpa_plot(report: Report) -> str:
     return _img(fig)
 
 
+def ladder_plot(report: Report) -> str:
+    """Each rung's prefill and decode tok/s (log scale), the rung's added lever under it ('' without a ladder)."""
+    if report.ladder is None:
+        return ""
+    plt = _pyplot()
+    rungs = [rung.to_dict() for rung in report.ladder.rungs]
+    fig, axes = plt.subplots(1, 2, figsize=(FIGURE_SIZE[0] * 1.5, FIGURE_SIZE[1]))
+    for ax, phase in zip(axes, ("prefill", "decode")):
+        ax.plot(range(len(rungs)), [r["rates"][phase] for r in rungs], "o-")
+        ax.set_xticks(range(len(rungs)), [r["added"] or "start" for r in rungs], rotation=45, ha="right", fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel(f"tok/s ({rungs[0]['tests'][phase]})")
+        ax.set_title(f"{phase}: the ladder")
+    return _img(fig)
+
+
+def _ladder_html(report: Report) -> str:
+    """The rungs and every candidate tried ('' without a ladder)."""
+    ladder = report.ladder
+    if ladder is None:
+        return ""
+    cell = lambda r: "-" if r is None else f"{r['estimate']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"  # noqa: E731
+    rungs = [[i, d["added"] or "(start)", d["question"] or "-", cell(d["ratios"]["prefill"]),
+              cell(d["ratios"]["decode"]), f"{d['rates']['prefill']:.4g}", f"{d['rates']['decode']:.4g}",
+              "-" if d["kernels_per_token"] is None else f"{d['kernels_per_token']:.0f}"]
+             for i, d in enumerate(r.to_dict() for r in ladder.rungs)]
+    trials = [[t.round, t.candidate.text, t.result.verdict if t.result else "not timed",
+               t.result.reason if t.result else t.note] for t in ladder.trials]
+    return ("<h2>the climb</h2>" + ladder_plot(report)
+            + _table(["rung", "added", "question", "prefill B/A", "decode B/A", "prefill tok/s", "decode tok/s",
+                      "kernels/token"], rungs)
+            + f"<p>stopped: {html.escape(ladder.stop)}; paste: <code>{html.escape(ladder.command_line())}</code></p>"
+            + _table(["round", "candidate", "verdict", "why"], trials))
+
+
 def _table(header: list[str], rows: list[list[Any]]) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
@@ -161,7 +196,7 @@ def render_html(report: Report) -> str:
             f"<ul>{headlines}</ul><h2>where time goes</h2>{breakdown_plot(report)}"
             f"<h2>roofline</h2>{roofline_plot(report)}<h2>{e(QUESTION_TITLES['fast-path'])}</h2>"
             f"{_gates_table(report)}{sdpa_plot(report)}{sweep_plot(report)}"
-            f"<h2>findings</h2>{_findings_html(report)}{_fusion_html(report)}<h2>recommendations</h2><ol>{ranked}</ol>"
+            f"{_ladder_html(report)}<h2>findings</h2>{_findings_html(report)}{_fusion_html(report)}<h2>recommendations</h2><ol>{ranked}</ol>"
             f"<h2>notes</h2><ul>{notes}</ul></body></html>\n")
 
 

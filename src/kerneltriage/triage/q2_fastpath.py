@@ -37,6 +37,9 @@ def describe(call: SdpaCall) -> str:
             f"{call.q[1]}/{call.k[1]} heads, head_dim {call.q[-1]}")
 
 
+PAD_LEVER = "sdpa_pad"  # where no fused backend takes the shape at all: the lever that pads it to one that does
+
+
 def _best_alternative(row: GateRow) -> tuple[str, float] | None:
     options = {name: s for name, s in row.seconds.items() if name not in ("default", row.default)}
     return min(options.items(), key=lambda item: item[1]) if options else None
@@ -71,7 +74,7 @@ def math_fallback(row: GateRow, step_seconds: float) -> Finding | None:
          "calls_per_pass": row.calls_per_pass, "cost_share": min(per_pass / step_seconds, 1.0),
          "best_alternative": best},
         speedup_if_free(min(saving / step_seconds, MAX_SHARE)), None, "estimated", fix, row.phase,
-        None if best is None else _lever_for(best[0]))
+        PAD_LEVER if best is None else _lever_for(best[0]))
 
 
 def slower_default(row: GateRow, step_seconds: float) -> Finding | None:

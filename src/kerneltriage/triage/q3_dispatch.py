@@ -1,5 +1,5 @@
-"""Question 3 — can I cut dispatch/sync overhead? Launches and syncs per decode token (with call sites),
-host versus device time per step, and the measured effect of the dispatch levers.
+"""Question 3 — can I cut dispatch/sync overhead? Launches and syncs per decode token (with call sites), host
+versus device time per step, and the graphed step's kernels (the dispatch levers themselves are the climb's).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from kerneltriage.triage import fusion
 from kerneltriage.triage.amdahl import speedup_if_free
 from kerneltriage.triage.breakdown import Breakdown
 from kerneltriage.triage.finding import Finding
-from kerneltriage.triage.measure import LeverResult
 
 QUESTION = "dispatch"
 GRAPHED_STEP = "graphed-step"
@@ -53,31 +52,18 @@ def syncs_per_token(decode: Breakdown, census: Mapping[str, Any], gpu: bool) -> 
     return float(census.get("readbacks", 0.0)), "host readbacks (each would be a sync on a GPU)"
 
 
-def extra_syncs(decode: Breakdown, census: Mapping[str, Any], gpu: bool, one_sync: LeverResult | None = None
-                ) -> Finding | None:
-    """More host↔device syncs per token than the one a streaming loop needs, with their call sites."""
+def extra_syncs(decode: Breakdown, census: Mapping[str, Any], gpu: bool) -> Finding | None:
+    """More host↔device syncs per token than the one a streaming loop needs, with their call sites (the climb
+    measures what one_sync does about them)."""
     count, what = syncs_per_token(decode, census, gpu)
     if count <= SYNCS_PER_TOKEN_FLOOR + SYNC_TOLERANCE:
         return None
-    measured = None if one_sync is None else one_sync.ratio("decode")
     return Finding(
         QUESTION, "extra-syncs", f"{count:.1f} host↔device syncs per decode token (one is enough)",
         {"syncs_per_token": count, "counted": what, "readback_sites": census.get("readback_sites", {})},
-        1.0, measured, "measured" if measured is not None else "estimated",
+        1.0, None, "estimated",
         "read the token once per step and queue the next step before reading it (--levers one_sync); "
         "remove the other readbacks at the sites listed", "decode", "one_sync")
-
-
-def lever_finding(result: LeverResult, decode: Breakdown) -> Finding:
-    """One dispatch lever's A/B (both phases, through `ab`), as measured on decode, with ab's verdict."""
-    ratio = result.ratio("decode")
-    ceiling = speedup_if_free(min(decode.gap_share, MAX_SHARE))
-    title = (f"--levers {result.lever}: decode {ratio:.2f}× ({result.verdict})" if ratio is not None
-             else f"--levers {result.lever}: {result.verdict} — {result.reason}")
-    return Finding(
-        QUESTION, f"lever-{result.lever}", title, {"ab": result.to_dict()},
-        ceiling if result.lever == "graphs" else 1.0, ratio, "measured" if ratio is not None else "estimated",
-        f"--levers {result.lever}", "decode", result.lever)
 
 
 def seconds_per_kernel(step: Breakdown) -> float:
@@ -119,9 +105,7 @@ def _fusion_fix(structure: fusion.Structure) -> str:
             "each ceiling is that candidate alone")
 
 
-def analyze(decode: Breakdown, census: Mapping[str, Any], gains: Mapping[str, LeverResult], gpu: bool
-            ) -> list[Finding]:
-    """Every Q3 finding but the graphed step's: the dispatch gap, extra syncs, and each measured dispatch lever."""
-    found = [dispatch_gap(decode, gpu), extra_syncs(decode, census, gpu, gains.get("one_sync"))]
-    found += [lever_finding(gain, decode) for gain in gains.values()]
+def analyze(decode: Breakdown, census: Mapping[str, Any], gpu: bool) -> list[Finding]:
+    """Every Q3 detector but the graphed step's: the dispatch gap and extra syncs (the climb measures the levers)."""
+    found = [dispatch_gap(decode, gpu), extra_syncs(decode, census, gpu)]
     return [f for f in found if f is not None]

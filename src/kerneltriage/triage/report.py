@@ -11,6 +11,7 @@ from kerneltriage.core.units import format_duration, format_sig
 from kerneltriage.triage import amdahl
 from kerneltriage.triage.breakdown import Breakdown
 from kerneltriage.triage.finding import Finding
+from kerneltriage.triage.ladder import Ladder
 from kerneltriage.triage.q3_dispatch import GRAPHED_STEP
 
 RECOMMEND_MIN_GAIN = 1.02  # below a 2% end-to-end gain a change is not worth recommending
@@ -78,13 +79,22 @@ class Report:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     context: dict[str, Any] = field(default_factory=dict)  # decode's cost of context (triage/context.py)
     experiment_id: int | None = None
+    ladder: Ladder | None = None  # the climb (triage/climb.py)
+    final_breakdown: dict[str, Breakdown] = field(default_factory=dict)  # the final configuration's profile
 
     def outlook(self) -> dict[str, list[amdahl.Outlook]]:
-        """The custom-kernel outlook per phase: every op class's Amdahl ceilings beside the prior."""
-        return {phase: amdahl.outlook(b.op_shares) for phase, b in self.breakdown.items()}
+        """The custom-kernel outlook per phase, on the final configuration's profile where the climb made one:
+        every op class's Amdahl ceilings beside the prior."""
+        return {phase: amdahl.outlook(b.op_shares) for phase, b in (self.final_breakdown or self.breakdown).items()}
 
     def recommendations(self) -> list[Finding]:
-        return rank(self.findings)
+        """The climb's rungs in the order they were adopted (each a measured win on top of the one below), else
+        the ranked findings."""
+        if self.ladder is None:
+            return rank(self.findings)
+        adopted = [rung.added for rung in self.ladder.rungs[1:]]
+        by_lever = {f.code.removeprefix("lever-"): f for f in self.findings if f.code.startswith("lever-")}
+        return [by_lever[text] for text in adopted if text in by_lever]
 
     def gate_columns(self) -> tuple[str, ...]:
         """The alternatives the gate rows were probed for, in the backend's order (torch: its SDPA backends; MLX:
@@ -102,10 +112,15 @@ class Report:
                       key=lambda f: (CONFIDENCE_RANK[f.confidence], -f.gain))
 
     def answers(self) -> dict[str, str]:
-        """One line per question: its best recommendable finding, or that there is none."""
+        """One line per question: what the climb adopted for it, else its best finding, or that there is none."""
         best = {f.question: f for f in reversed(self.recommendations())}
+        adopted = {q: [f for f in self.recommendations() if f.question == q] for q in QUESTIONS}
+        adopted["dispatch"] += [f for f in self.recommendations() if f.question == "kernel"]
         answers = {}
         for q in QUESTIONS:
+            if adopted[q]:
+                answers[q] = "yes — " + "; ".join(f"{f.fix} ({gain_text(f)})" for f in adopted[q])
+                continue
             found = [f for f in self.by_question(q) if f.confidence != "low"]
             if q in best:
                 answers[q] = f"yes — {best[q].title} ({gain_text(best[q])})"
@@ -141,11 +156,24 @@ class Report:
                  f"prefill {format_sig(pre['rate'])} tok/s ({format_sig(pre['roofline_pct'])}% of roofline), "
                  f"decode {format_sig(dec['rate'])} tok/s ({format_sig(dec['roofline_pct'])}% of roofline)",
                  self.regime()]
-        top = self.recommendations()
-        lines.append(f"top lever: {top[0].title} → {top[0].fix} ({gain_text(top[0])})" if top
-                     else "top lever: none above the noise")
+        lines.append(self.climb_line())
         lines += [f"{QUESTION_TITLES[q]} {line}" for q, line in self.answers().items()]
         return lines
+
+    def climb_line(self) -> str:
+        """Where the climb got: first and last rung's rates, the rungs, why it stopped, the flags to paste."""
+        ladder = self.ladder
+        if ladder is None:
+            top = rank(self.findings)
+            return (f"top lever: {top[0].title} → {top[0].fix} ({gain_text(top[0])})" if top
+                    else "top lever: none above the noise")
+        first, last = ladder.rungs[0].standing, ladder.rungs[-1].standing
+        moves = ", ".join(f"{phase} {format_sig(first.rates[phase])} → {format_sig(last.rates[phase])} tok/s "
+                          f"({last.rates[phase] / first.rates[phase]:.2f}×, {last.tests[phase]})"
+                          for phase in ("prefill", "decode") if phase in first.rates)
+        paste = ladder.command_line() or "(nothing: the configuration given is the best found)"
+        return (f"climb: {len(ladder.rungs) - 1} rung(s) in {ladder.rounds} round(s), {moves}; stopped: "
+                f"{ladder.stop}; paste: {paste}")
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable({
@@ -155,7 +183,8 @@ class Report:
             "recommendations": [f.code for f in self.recommendations()],
             "outlook": {phase: [o.to_dict() for o in rows] for phase, rows in self.outlook().items()},
             "gates": self.gates, "sweep": self.sweep, "context": self.context, "census": self.census,
-            "levers": self.levers,
+            "levers": self.levers, "ladder": self.ladder.to_dict() if self.ladder else None,
+            "final_breakdown": {phase: b.to_dict() for phase, b in self.final_breakdown.items()},
             "notes": self.notes, "stage_seconds": self.stage_seconds, "experiment_id": self.experiment_id,
         })
 

@@ -1,9 +1,12 @@
-"""`triage`: the three questions, asked in order for one model and workload on this device.
+"""`triage`: the three questions, asked in order for one model and workload on this device, then asked again after
+every lever adopted — the climb — until nothing wins.
 
-0 setup → 1 where time goes → 2 Q1 delete work → 3 Q2 fast paths → 4 Q3 dispatch/sync →
-5 custom-kernel outlook → 6 recommendations. Each stage measures through the backend protocol, then hands plain
-data to the analyzers; every lever is judged by `ab` (triage/measure.py). Every finding goes to the ledger in
-one experiment (all of it, or nothing on an interruption).
+0 setup → 1 where time goes → 2 Q1 delete work → 3 Q2 fast paths → 4 Q3 dispatch/sync (the detectors, on the
+configuration given) → 5 the climb (triage/climb.py: every applicable lever, winning kernel and speculation source
+judged by `ab` against the configuration reached so far; the ladder) → 6 custom-kernel outlook (on the final
+configuration's profile) → 7 recommendations (the ladder's rungs, the line to paste). Each stage measures through the
+backend protocol, then hands plain data to the analyzers. Every finding goes to the ledger in one experiment (all of
+it, or nothing on an interruption).
 """
 
 from __future__ import annotations
@@ -13,29 +16,23 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from kerneltriage.bench.ab import Settings
 from kerneltriage.engine.backend import Backend, Runner
-from kerneltriage.engine.levers import LEVERS, TABLE, LeverSetting
+from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.probes import at_keys, distinct_calls
 from kerneltriage.engine.speculative.config import Speculation
-from kerneltriage.triage import amdahl, graphed, q1_delete, q2_fastpath, q3_dispatch
-from kerneltriage.triage.breakdown import from_profile
+from kerneltriage.triage import amdahl, climbing, graphed, q1_delete, q2_fastpath, q3_dispatch
+from kerneltriage.triage.breakdown import Breakdown, from_profile
+from kerneltriage.triage.candidates import BUDGETS
+from kerneltriage.triage.climb import FAVORS
 from kerneltriage.triage.context import ContextCost, measure_context
 from kerneltriage.triage.finding import Finding
-from kerneltriage.triage.measure import LeverResult, try_lever
+from kerneltriage.triage.ladder import Ladder
 from kerneltriage.triage.report import Report
 from kerneltriage.triage.setup import Budget, Workload, budget_for, measure_setup, phase_numbers
-from kerneltriage.triage.shares import baseline_evidence, lever_shares
+from kerneltriage.triage.shares import baseline_evidence
 
-STAGES = ("setup", "where time goes", "Q1 delete work", "Q2 fast paths", "Q3 dispatch/sync",
+STAGES = ("setup", "where time goes", "Q1 delete work", "Q2 fast paths", "Q3 dispatch/sync", "climb",
           "custom-kernel outlook", "recommendations")
-# Dispatch levers A/B'd in triage: the table's, but the compiles (a warm-up of about a minute is beyond the budget)
-# and pdl (it acts on fused_layer's kernels only).
-NOT_MEASURED = {name: "compile warm-up (~1 min) is beyond triage's budget: measure it with `kerneltriage ab`"
-                for name in ("compile", "compile_prefill")}
-NOT_MEASURED["pdl"] = "acts on fused_layer's kernels only: measure `fused_layer,pdl` against `fused_layer` with ab"
-DISPATCH_LEVERS = tuple(LeverSetting(lever) for lever in TABLE
-                        if lever.question == "dispatch" and not lever.takes_value and lever.name not in NOT_MEASURED)
 Progress = Callable[[int, str], None]
 FULL_ROOFLINE_PCT = 100.0
 CONTEXT_DEPTH_MIN = 64  # shallower, decode's cost of context is within the noise of a short decode
@@ -53,7 +50,7 @@ class _State:
     workload: Workload
     budget: Budget
     gpu: bool
-    speculation: Speculation | None = None  # what --spec asked for: the verify shapes the M-sweep covers
+    options: "Options" = field(default_factory=lambda: Options())
     tell: Callable[[str], None] = lambda what: None
     setup: dict[str, Any] = field(default_factory=dict)
     measured: list = field(default_factory=list)  # the setup's harness results (ledger measurements)
@@ -66,8 +63,27 @@ class _State:
     gates: list = field(default_factory=list)
     sweep: list = field(default_factory=list)
     context: ContextCost | None = None
-    gains: dict[str, LeverResult] = field(default_factory=dict)
+    ladder: Ladder | None = None
+    final: dict[str, Breakdown] = field(default_factory=dict)  # the final configuration's profile
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Options:
+    """What triage is asked beyond the workload: the climb's budget and favour, the user's prompts (speculation
+    becomes a candidate, every decode sample runs over them), the --spec whose verify shapes the M-sweep covers, the
+    kernel ledger's winners and a peer to stand the final configuration beside."""
+
+    budget: str = "quick"
+    favor: str = "balanced"
+    prompt_set: Any = None
+    speculation: Speculation | None = None
+    kernels: tuple[str, ...] = ()
+    peer: Callable[[RunConfig], dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.budget not in BUDGETS or self.favor not in FAVORS:
+            raise ValueError(f"triage options: budget {self.budget!r} in {BUDGETS}, favor {self.favor!r} in {FAVORS}")
 
 
 def stage_setup(state: _State) -> None:
@@ -104,27 +120,9 @@ def stage_where(state: _State) -> None:
                     "decode": backend.census(runner, "decode", decode_prefix, budget.census_tokens)}
 
 
-def _lever(state: _State, setting: LeverSetting) -> LeverResult | None:
-    """The lever's `ab` on both phases at triage's sizes, or a note saying why it was not measured."""
-    budget, w = state.budget, state.workload
-    settings = Settings(prompt=min(w.prompt, budget.lever_prompt), gen=min(budget.lever_tokens, w.gen),
-                        pairs=budget.lever_pairs, warmups=budget.warmups)
-    shares = lever_shares(setting, state.breakdown)
-    result = try_lever(state.backend, state.runner, setting, settings, shares, baseline_evidence(state.gates),
-                       state.notes, lambda what: state.tell(f"{setting.text}: {what}"))
-    if result is not None:
-        state.gains[setting.text] = result
-    return result
-
-
 def stage_delete(state: _State) -> None:
-    """Q1: the last_logits A/B, attention sparsity (real weights only), then the delete-work detectors."""
+    """Q1: attention sparsity (real weights only), then the delete-work detectors (the levers are the climb's)."""
     runner, w = state.runner, state.workload
-    last = None
-    if runner.run_config.has("last_logits"):
-        state.notes.append("last_logits: not measured — already on")
-    else:
-        last = _lever(state, LeverSetting(LEVERS["last_logits"]))
     sparsity = None
     if runner.config.random_weights:
         state.notes.append("sparse-V: not measured — random weights attend uniformly; needs a real model")
@@ -136,7 +134,7 @@ def stage_delete(state: _State) -> None:
     _, prompt = w.prefill_tokens(runner.config.vocab_size)
     b = state.breakdown
     state.findings += q1_delete.analyze(b["prefill"].shares, b["decode"].shares, state.output_rows,
-                                        state.calls["prefill"], prompt, pad_id, sparsity, last)
+                                        state.calls["prefill"], prompt, pad_id, sparsity, None)
 
 
 def stage_fastpath(state: _State) -> None:
@@ -178,36 +176,29 @@ def sweep_rows(runner: Runner) -> tuple[int, ...] | None:
 
 
 def stage_dispatch(state: _State) -> None:
-    """Q3: every dispatch lever not already on, through `ab`, then the dispatch findings."""
-    for setting in DISPATCH_LEVERS:
-        if state.runner.run_config.has(setting.name):
-            state.notes.append(f"{setting.text}: not measured — already on")
-        else:
-            _lever(state, setting)
-    state.notes += [f"{name}: not measured — {why}" for name, why in NOT_MEASURED.items()
-                    if not state.runner.run_config.has(name)]
-    dispatch = {name: result for name, result in state.gains.items() if LEVERS[name.split("=")[0]].question == "dispatch"}
-    state.findings += q3_dispatch.analyze(state.breakdown["decode"], state.census["decode"], dispatch, state.gpu)
-    if state.gpu:  # no kernels to count on the CPU
-        _graphed_step(state)
+    """Q3: the dispatch gap and the syncs per token with their call sites (the levers are the climb's)."""
+    state.findings += q3_dispatch.analyze(state.breakdown["decode"], state.census["decode"], state.gpu)
 
 
-def _graphed_step(state: _State) -> None:
-    """Q3 after graphs: the graphed step's kernels per token and the fusion candidates, when it is device-bound with
-    many small kernels. Kernel counts per op class come from the baseline's profile (where it attributes them)."""
-    step, note = graphed.graphed_decode(state.backend, state.runner, state.workload, state.budget,
-                                        state.breakdown["decode"], state.gains)
-    if note:
-        state.notes.append(note)
+def stage_climb(state: _State) -> None:
+    """The climb from the configuration given; its trials and rungs become the measured findings, and the final
+    configuration's profile feeds the outlook and Q3's look at its step."""
+    routed = frozenset(f.lever for f in state.findings if f.lever and f.question == "fast-path")
+    state.ladder, state.final = climbing.climb(state.backend, state.runner, state.workload, state.budget,
+                                               state.setup, baseline_evidence(state.gates), state.options,
+                                               state.tell, routed)
+    state.findings += climbing.findings(state.ladder)
+    step = graphed.final_step(state.final.get("decode"), state.ladder.final)
     found = q3_dispatch.graphed_step(step, state.breakdown["decode"].class_kernels,
-                                     graphed.structure(state.runner, graphed=True), state.gpu)
+                                     graphed.structure(state.runner, state.ladder.final.lever_names), state.gpu)
     if found is not None:
         state.findings.append(found)
 
 
 def stage_outlook(state: _State) -> None:
-    """One 'kernel' finding per phase: the largest op class's ceilings beside the hand-kernel prior."""
-    for phase, b in state.breakdown.items():
+    """One 'kernel' finding per phase: the largest op class's ceilings beside the hand-kernel prior, on the final
+    configuration's profile (what a kernel would race once the levers are on)."""
+    for phase, b in (state.final or state.breakdown).items():
         rows = amdahl.outlook(b.op_shares)
         if not rows:
             continue
@@ -221,30 +212,30 @@ def stage_outlook(state: _State) -> None:
             "answer the three questions first; a custom kernel only where no stock fast path exists", phase))
 
 
-STAGE_FUNCTIONS = (stage_setup, stage_where, stage_delete, stage_fastpath, stage_dispatch, stage_outlook)
+STAGE_FUNCTIONS = (stage_setup, stage_where, stage_delete, stage_fastpath, stage_dispatch, stage_climb, stage_outlook)
 
 
 def triage(backend: Backend, runner: Runner, workload: Workload, progress: Progress | None = None,
-           ledger: Any = None, label: str = "", speculation: Speculation | None = None) -> Report:
-    """Ask the three questions for `runner` on `workload`; findings to `ledger` (one experiment) when given.
-    `speculation`: the --spec asked for (the M-sweep then covers its verify shapes)."""
+           ledger: Any = None, label: str = "", options: Options | None = None) -> Report:
+    """Ask the three questions for `runner` on `workload`, then climb; findings to `ledger` (one experiment)."""
     from kerneltriage.core.environment import capture_environment
 
-    state = _State(backend, runner, workload, budget_for(runner.device_type), runner.device_type == "cuda",
-                   speculation)
+    options = options or Options()
+    state = _State(backend, runner, workload, budget_for(runner.device_type), runner.device_type == "cuda", options)
     config = {"model": runner.config.name or runner.checkpoint.source, "source": runner.checkpoint.source,
               "random_weights": runner.config.random_weights, "backend": runner.backend, "device": str(runner.device),
               "dtype": runner.dtype, "levers": list(runner.run_config.lever_names), "run_config": runner.run_config.text,
-              "workload": asdict(workload), "budget": asdict(state.budget),
-              "spec": speculation.label if speculation else None}
+              "workload": asdict(workload), "budget": asdict(state.budget), "climb_budget": options.budget,
+              "favor": options.favor, "prompts": options.prompt_set.name if options.prompt_set else None,
+              "spec": options.speculation.label if options.speculation else None}
     opened = ledger.experiment("triage", config, capture_environment(), label) if ledger else nullcontext()
     with opened as exp:
         seconds = _run_stages(state, progress)
         report = Report(config, state.setup, state.breakdown, state.findings,
                         [g.to_dict() for g in state.gates],
                         [c.to_dict() | {"holes": q2_fastpath.sweep_holes(c)} for c in state.sweep], state.census,
-                        {name: result.to_dict() for name, result in state.gains.items()}, state.notes, seconds,
-                        state.context.to_dict() if state.context else {})
+                        {}, state.notes, seconds, state.context.to_dict() if state.context else {},
+                        ladder=state.ladder, final_breakdown=state.final)
         if exp is not None:
             _record(exp, report, state.measured)
     report.experiment_id = None if exp is None else exp.id
@@ -274,4 +265,5 @@ def _record(exp: Any, report: Report, results: list) -> None:
     for finding in report.findings:
         exp.add_finding(finding.question, finding.code, finding.title, jsonable(finding.to_dict()))
     exp.set_verdict(None, jsonable({"headlines": report.headlines(), "answers": report.answers(),
-                                     "recommendations": [f.code for f in report.recommendations()]}))
+                                     "recommendations": [f.code for f in report.recommendations()],
+                                     "ladder": report.ladder.to_dict() if report.ladder else None}))

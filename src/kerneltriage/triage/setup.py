@@ -4,12 +4,11 @@ workload, and the measured prefill and decode (through the bench harness), as % 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kerneltriage.bench.workloads import Test, tokens_for
 from kerneltriage.core import roofline
-from kerneltriage.core.verdict import MIN_PAIRS
 from kerneltriage.engine.backend import Backend, Runner
 from kerneltriage.engine.sampling import SamplingParams
 
@@ -48,29 +47,25 @@ class Budget:
     repeats: int  # timed samples of the setup tests
     warmups: int  # untimed runs before them (and before each lever A/B)
     profile_steps: int  # decode tokens under the profiler
-    lever_pairs: int  # interleaved pairs per block of each lever's `ab` (at least core.verdict.MIN_PAIRS)
+    lever_pairs: int  # the most interleaved pairs of a climb's A/A or A/B block (at least core.verdict.MIN_PAIRS)
     lever_tokens: int  # decode tokens per lever sample, at most (a ratio needs fewer than the setup's number)
     lever_prompt: int  # prompt tokens per prefill lever sample, at most
     census_prompt: int  # prompt tokens of the op census's prefill
     census_tokens: int  # decode tokens under the op census
     context_depth: int  # decode's cost of context is timed from this depth against depth 0
+    climb_seconds: dict[str, float] = field(default_factory=dict)  # --budget → seconds the climb may take
 
 
-# On CUDA a pair is cheap beside the correctness check. Eager decode on the H200 host is bimodal (tg16 of the 8B in
-# 0.30 or 0.55 s, of the default model in 0.21 or 0.39 s): 5 pairs span every pair (one slow sample made a band
-# ±0.8), 8 pairs leave out one per side and 3 slow samples in 8 still made the default model's band ±0.78
-# (2026-11-30). 16 pairs leave out three per side (97.9% level).
-CUDA_LEVER_PAIRS = 16
-# The CPU budget keeps triage of the default model inside 5 minutes on 2 cores; CUDA's near 2 minutes on an H200.
-# Every lever is judged by `ab` (A/A block, then A/B, both phases) at MIN_PAIRS pairs: on the H200 (2026-11-29)
-# eager decode is host-bound at ~21 ms/token for both the default model and 8B, so a tg16 sample is ~0.35 s and
-# one lever's timing ~10 s, its correctness check (300 tokens past a graph window, a float32 reference in bf16)
-# about as much again.
+# A climb's blocks are sized by the configuration's own speed (triage/trials.py): an eager decode sample on the H200
+# is ~0.35 s and bimodal, a graphed one ~10 ms, so the most pairs (24) are reached only where they are cheap. The
+# quick climb's seconds keep `triage` of the default model near 2 minutes on an H200 and under 5 on 2 CPU cores.
 BUDGETS = {
-    "cuda": Budget(repeats=2, warmups=1, profile_steps=8, lever_pairs=CUDA_LEVER_PAIRS, lever_tokens=16, lever_prompt=4096,
-                   census_prompt=16, census_tokens=4, context_depth=2048),
-    "cpu": Budget(repeats=1, warmups=0, profile_steps=4, lever_pairs=MIN_PAIRS, lever_tokens=8, lever_prompt=128,
-                  census_prompt=16, census_tokens=2, context_depth=512),
+    "cuda": Budget(repeats=2, warmups=1, profile_steps=8, lever_pairs=24, lever_tokens=16, lever_prompt=4096,
+                   census_prompt=16, census_tokens=4, context_depth=2048,
+                   climb_seconds={"quick": 80.0, "full": 900.0}),
+    "cpu": Budget(repeats=1, warmups=0, profile_steps=4, lever_pairs=8, lever_tokens=8, lever_prompt=128,
+                  census_prompt=16, census_tokens=2, context_depth=512,
+                  climb_seconds={"quick": 150.0, "full": 1800.0}),
 }
 
 

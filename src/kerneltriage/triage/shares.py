@@ -38,6 +38,21 @@ def lever_shares(setting: LeverSetting, breakdowns: Mapping[str, Breakdown]) -> 
     return shares
 
 
+def estimated_shares(setting: LeverSetting, breakdowns: Mapping[str, Breakdown]) -> dict[str, float]:
+    """phase → the share the lever is expected to change, for ordering candidates (not for verdicts): a model-stage
+    lever moves the host gap only in proportion to the kernels of its op classes, where the profile attributes
+    kernels to classes; otherwise the ceiling's share (`lever_shares`)."""
+    shares = lever_shares(setting, breakdowns)
+    classes = {cls for seam in setting.lever.seams for cls in SEAM_CLASSES.get(seam, ())}
+    for phase in list(shares):
+        b = breakdowns[phase]
+        counted = sum(b.class_kernels.get(cls, 0.0) for cls in classes)
+        if setting.lever.stage == "model" and phase in setting.lever.phases and counted and b.kernels_per_token:
+            ops = sum(b.shares.get(cls, 0.0) for cls in classes)
+            shares[phase] = min(1.0, ops + b.gap_share * min(1.0, counted / b.kernels_per_token))
+    return shares
+
+
 def seam_shares(seam: str, breakdowns: Mapping[str, Breakdown]) -> dict[str, float]:
     """phase → the share of that phase spent in the op classes of `seam`: what a custom kernel there replaces (its
     device work only: a kernel does not issue fewer ops)."""

@@ -117,27 +117,70 @@ def _fastpath(report: Report) -> Iterable[RenderableType]:
     yield from _findings(report, "fast-path")
 
 
-def _ratio_cell(phase: dict | None) -> str:
-    """'1.062 [1.031, 1.090] ±0.020' (an `ab` phase record), or '-'."""
-    if phase is None:
+def _ratio_cell(ratio: dict | None) -> str:
+    """'1.062 [1.031, 1.090]' (an interval record), or '-'."""
+    if ratio is None:
         return "-"
-    r = phase["ratio"]
-    return f"{r['estimate']:.3f} [{r['low']:.3f}, {r['high']:.3f}] ±{phase['band']:.3f}"
+    return f"{ratio['estimate']:.3f} [{ratio['low']:.3f}, {ratio['high']:.3f}]"
 
 
 def _dispatch(report: Report) -> Iterable[RenderableType]:
     yield Rule(f"4 {QUESTION_TITLES['dispatch']}")
-    table = Table("lever (ab)", "prefill B/A [CI] band", "decode B/A [CI] band", "verdict")
-    for name, result in report.levers.items():
-        table.add_row(name, *(_ratio_cell(result["phases"].get(phase)) for phase in ("prefill", "decode")),
-                      result["verdict"])
-    yield table
-    yield from (f"{name}: {result['verdict']} — {result['reason']}" for name, result in report.levers.items()
-                if result["verdict"] not in ("win", "neutral", "loss"))
     sites = report.census.get("decode", {}).get("readback_sites", {})
     yield "readbacks per token: " + (", ".join(f"{site} ×{n:g}" for site, n in sites.items()) or "none")
     yield from _findings(report, "dispatch")
-    yield from _fusion(report)
+
+
+def _grouped(refused: Iterable[Any]) -> dict[str, list[str]]:
+    """Refusals by reason, each lever named once (a lever's values share its reason: `sdpa_backend`, not each)."""
+    grouped: dict[str, list[str]] = {}
+    for r in refused:
+        names = grouped.setdefault(r.why, [])
+        name = r.text.split("=")[0]
+        if name not in names:
+            names.append(name)
+    return grouped
+
+
+def _climb(report: Report) -> Iterable[RenderableType]:
+    """The ladder: one row per rung, then what was tried, refused, why it stopped, the confirmation and the peer."""
+    ladder = report.ladder
+    if ladder is None:
+        return
+    yield Rule("5 the climb: each rung judged by ab against the one below")
+    table = Table("rung", "added", "question", "prefill B/A [CI]", "decode B/A [CI]", "prefill tok/s", "decode tok/s",
+                  "% roofline p/d", "kernels/token", "warm-up")
+    for i, rung in enumerate(ladder.rungs):
+        d = rung.to_dict()
+        table.add_row(str(i), d["added"] or "(start)", d["question"] or "-", _ratio_cell(d["ratios"]["prefill"]),
+                      _ratio_cell(d["ratios"]["decode"]),
+                      *(f"{format_sig(d['rates'][p])} ({d['tests'][p]})" for p in ("prefill", "decode")),
+                      " / ".join(format_sig(d["roofline_pct"][p]) for p in ("prefill", "decode")),
+                      "-" if d["kernels_per_token"] is None else f"{d['kernels_per_token']:.0f}",
+                      f"{d['warmup_s']:.1f} s")
+    yield table
+    tried = Table("round", "candidate", "against", "verdict", "prefill B/A", "decode B/A", "s",
+                  title="every candidate tried, in the order tried")
+    for trial in ladder.trials:
+        t = trial.to_dict()
+        tried.add_row(str(t["round"]), t["candidate"]["text"], t["base"], t["verdict"] or "not timed",
+                      *("-" if t["ratios"][p] is None else f"{t['ratios'][p]:.3f}" for p in ("prefill", "decode")),
+                      f"{t['seconds']:.1f}")
+    yield tried
+    untimed = {(t.candidate.text, t.note): None for t in ladder.trials if t.result is None}
+    yield from (f"not timed: {text} — {note}" for text, note in untimed)
+    yield from (f"not a candidate ({why}): {', '.join(names)}" for why, names in _grouped(ladder.refused).items())
+    yield f"stopped: {ladder.stop} ({ladder.rounds} round(s), {ladder.seconds:.0f} s)"
+    if ladder.confirmation is not None:
+        c = ladder.confirmation
+        ratios = ", ".join(f"{p['phase']} {p['ratio']['estimate']:.2f}× [{p['ratio']['low']:.2f}, "
+                           f"{p['ratio']['high']:.2f}]" for p in c.get("phases", []))
+        yield f"confirmed: start → final {ratios}: {c['verdict']} — {c['reason']}"
+    if ladder.peer is not None:
+        yield f"beside {ladder.peer.get('peer', 'the peer')}: " + ", ".join(
+            f"{row['test']} {format_sig(row['ours'])} vs {format_sig(row['theirs'])} tok/s ({row['ratio']:.2f}×)"
+            for row in ladder.peer.get("rows", []))
+    yield f"paste: {ladder.command_line() or '(nothing: the configuration given is the best found)'}"
 
 
 def _fusion(report: Report) -> Iterable[RenderableType]:
@@ -154,7 +197,8 @@ def _fusion(report: Report) -> Iterable[RenderableType]:
 
 
 def _outlook(report: Report) -> Iterable[RenderableType]:
-    yield Rule("5 custom-kernel outlook (Amdahl; hand kernels come back at 0.5–0.8× of stock)")
+    yield Rule("6 custom-kernel outlook on the final configuration (Amdahl; hand kernels come back at 0.5–0.8× of "
+               "stock)")
     table = Table("phase", "op class", "share", "if free", "if 2× faster", "at the prior")
     for phase, rows in report.outlook().items():
         for row in rows[:OUTLOOK_ROWS]:
@@ -163,8 +207,8 @@ def _outlook(report: Report) -> Iterable[RenderableType]:
     yield table
 
 
-def _recommendations(report: Report) -> Iterable[RenderableType]:
-    yield Rule("6 recommendations")
+def _recommendations(report: Report, shared: str | None = None) -> Iterable[RenderableType]:
+    yield Rule("7 recommendations: the ladder's rungs, in order")
     ranked = report.recommendations()
     for i, f in enumerate(ranked, start=1):
         yield f"{i}. {f.fix} — {gain_text(f)}: {f.title}"
@@ -172,10 +216,14 @@ def _recommendations(report: Report) -> Iterable[RenderableType]:
         yield "no change gains more than the noise here"
     yield from (f"note: {note}" for note in report.notes)
     yield Rule("headlines")
+    if shared:
+        yield (f"WARNING: the machine was shared during triage ({shared}): the rates below were measured beside "
+               "another load and may be far from a quiet machine's; run it again alone")
     yield from report.headlines()
 
 
-def sections(report: Report) -> list[RenderableType]:
-    """Every section in stage order."""
+def sections(report: Report, shared: str | None = None) -> list[RenderableType]:
+    """Every section in stage order (`shared`: why the machine was shared, warned beside the headlines)."""
     return [*_setup(report), *_where(report), Rule(f"2 {QUESTION_TITLES['delete']}"), *_findings(report, "delete"),
-            *_fastpath(report), *_dispatch(report), *_outlook(report), *_recommendations(report)]
+            *_fastpath(report), *_dispatch(report), *_climb(report), *_fusion(report), *_outlook(report),
+            *_recommendations(report, shared)]

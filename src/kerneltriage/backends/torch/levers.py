@@ -19,7 +19,7 @@ from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.decoding import pipelined_loop
-from kerneltriage.engine.levers import LeverSetting
+from kerneltriage.engine.levers import LeverSetting, refusal
 
 Applier = Callable[[Runner, str | None], None]  # (runner, the setting's value)
 
@@ -107,26 +107,20 @@ APPLIERS: dict[str, Applier] = {
 }
 
 
-def check_applies(runner: Runner, setting: LeverSetting) -> None:
-    """An InputError when the lever cannot run here: another backend, another device, a seam the model lacks."""
-    lever = setting.lever
-    if runner.backend not in lever.backends:
-        raise InputError(f"--levers {setting.text}: runs on the {', '.join(lever.backends)} backend, "
-                         f"not {runner.backend}")
-    if runner.device.type not in lever.devices:
-        raise InputError(f"--levers {setting.text}: needs a {' or '.join(d.upper() for d in lever.devices)} device, "
-                         f"not {runner.device}")
-    missing = [seam for seam in lever.seams if seam not in runner.model.SEAMS]
-    if missing:
-        raise InputError(f"--levers {setting.text}: replaces the {', '.join(missing)} seam, which a "
-                         f"{runner.config.arch} model does not have")
+def check_applies(runner: Runner, setting: LeverSetting, on: tuple[LeverSetting, ...]) -> None:
+    """An InputError when the lever table refuses it beside the levers `on` here (backend, device, seams,
+    architecture, requirements, clashes)."""
+    why = refusal(setting, on, runner.place)
+    if why is not None:
+        raise InputError(f"--levers {setting.text}: {why}")
 
 
 def apply_config(runner: Runner, config: RunConfig) -> Runner:
     """Apply the configuration's levers in the table's order (compile before graphs captures it), then
     speculation (it wraps whatever verify step the levers installed); the runner remembers the configuration."""
+    on = runner.run_config.levers + config.levers
     for setting in config.levers:
-        check_applies(runner, setting)
+        check_applies(runner, setting, on)
     runner.run_config = RunConfig(runner.run_config.levers + config.levers, runner.run_config.speculation)
     for setting in config.levers:  # an applier may ask which others are on (prefill_graphs: last_logits)
         APPLIERS[setting.name](runner, setting.value)

@@ -23,7 +23,6 @@ LEVER = "quantized"
 PROJECTIONS = {"q": ("self_attn", "q_proj"), "k": ("self_attn", "k_proj"), "v": ("self_attn", "v_proj"),
                "o": ("self_attn", "o_proj"), "gate": ("mlp", "gate_proj"), "up": ("mlp", "up_proj"),
                "down": ("mlp", "down_proj")}
-CONFLICTS = ("packed_qkv", "packed_gate_up", "fused_layer", "kernel")  # they read the dequantized weights
 
 
 class QuantLinear(nn.Module):
@@ -76,10 +75,6 @@ def quantized(runner: Runner, value: str | None = None) -> None:
     if runner.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise InputError(f"--levers {LEVER}: on torch its GEMV is a Triton kernel; expected a CUDA device, not "
                          f"{runner.device}")
-    clash = [name for name in CONFLICTS if runner.run_config.has(name)]
-    if clash:
-        raise InputError(f"--levers {LEVER}: {', '.join(clash)} read the dequantized weights it drops; expected "
-                         f"one or the other")
     tensors = runner.checkpoint.tensors
     kept = [(index, suffix) for index in range(len(runner.model.layers)) for suffix in PROJECTIONS
             if getattr(tensors.get(f"layers.{index}.{suffix}"), "qtype", None) in KINDS]
