@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import tiny_checkpoint
 from fake_backend import Effect, FakeBackend, fake_checkpoint
@@ -41,10 +42,15 @@ def wrong_at_9(x, weight, eps, out):  # right for a decode row, 5% off for a k =
 def gemv(x, weight, out):
     torch.matmul(x, weight.T, out=out)
 
+def attention(q, k, v, mask, out):  # the stock op's arithmetic, its mask as given (None: every key)
+    out.copy_(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True))
+
 GOOD = Kernel("norm", good, exact=True)
 HALF = Kernel("norm", half)
 WRONG9 = Kernel("norm", wrong_at_9)
 GEMV = Kernel("linear.gemv", gemv)
+DECODE = Kernel("attn.decode", attention)
+PREFILL = Kernel("attn.prefill", attention)
 '''
 SETTINGS = kernel_path.KernelSettings(rows=(1, 9), depths=(0,), ab=ab.Settings(prompt=8, gen=4, pairs=5, warmups=0))
 
@@ -143,3 +149,22 @@ def test_the_kernel_ledger_renders_every_verdict(kernels: Path, tmp_path: Path, 
     table = to_markdown(records)
     assert "## Kernel ledger" in table and "FAIL at 1 of 2 shapes" in table and "| invalid |" in table
     assert table.count(":GOOD`") == 1 and "×" in table.split("## Kernel ledger")[1].split("##")[0]
+
+
+@pytest.mark.parametrize("name", ["DECODE", "PREFILL"])
+def test_an_attention_kernel_takes_its_paths_calls_and_keeps_greedy_tokens(kernels: Path, name: str) -> None:
+    """attn.decode takes one-row calls, attn.prefill the prompt's (its causal mask made for it), and a chunk after a
+    cached prefix (a mask that sees the prefix)."""
+    from kerneltriage.engine.generation import generate_step
+    from kerneltriage.engine.sampling import SamplingParams
+
+    stock, runner = _runner(), BACKEND.build(tiny_checkpoint("llama"), RunConfig.from_flags(f"kernel={kernels}:{name}"),
+                                             "cpu", "float32")
+    prompt = [5, 17, 101, 3, 42, 250, 9]
+    expected = list(generate_step(stock, prompt, SamplingParams(), 6))
+    assert len(set(expected)) > 1 and list(generate_step(runner, prompt, SamplingParams(), 6)) == expected
+    calls = sum(count for lever, count in runner.counters.items() if lever.startswith("kernel"))
+    assert calls == 2 * (5 if name == "DECODE" else 1)  # 2 layers: 5 decode steps, or the one prefill
+    stock.reset_cache(16), runner.reset_cache(16)
+    stock.prefill(prompt[:3], 0), runner.prefill(prompt[:3], 0)
+    assert torch.allclose(runner.prefill(prompt[3:], 3), stock.prefill(prompt[3:], 3), atol=1e-5)

@@ -4,6 +4,7 @@ HF parity."""
 from __future__ import annotations
 
 
+import numpy as np
 import pytest
 import torch
 
@@ -145,3 +146,23 @@ def test_rope_frequencies_stay_float32_in_a_bf16_model() -> None:
     assert model.lm_head.weight.dtype == model.norm.weight.dtype == torch.bfloat16
     assert model.inv_freq.dtype == torch.float32
     assert torch.equal(model.inv_freq, torch.from_numpy(rope_inv_freq(runner.config)))
+
+
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_a_tied_checkpoint_that_stores_its_head_too_loads_with_the_embedding_as_head(backend: str) -> None:
+    """Some tied checkpoints store the head anyway (validation lets them): both backends load them, ignoring it."""
+    from dataclasses import replace
+
+    from kerneltriage.engine import backend as backends
+    from kerneltriage.engine.configuration import RunConfig
+
+    if backend == "mlx":
+        pytest.importorskip("mlx.core")
+    checkpoint = tiny_checkpoint("qwen2")  # tied
+    stored = replace(checkpoint, tensors=checkpoint.tensors | {"lm_head": checkpoint.tensors["embed"]})
+    engine = backends.get_backend(backend)
+    runner = engine.build(stored, RunConfig(), "cpu", "float32")
+    reference = engine.build(checkpoint, RunConfig(), "cpu", "float32")
+    runner.reset_cache(8), reference.reset_cache(8)
+    assert np.array_equal(runner.host_logits(runner.prefill([3, 1, 4], 0)),
+                          reference.host_logits(reference.prefill([3, 1, 4], 0)))

@@ -84,3 +84,11 @@ def census_decode(runner: Any, prefix: Sequence[int], tokens: int, counting: Cou
         for _ in loop:
             pass
     return census
+
+
+def per_unit(runner: Any, phase: str, prefix: Sequence[int], tokens: Sequence[int] | int, counting: Counting,
+             read: bool = False) -> dict[str, Any]:
+    """`Backend.census`: per prefill of the prompt `tokens`, or per token over `tokens` decode steps after `prefix`."""
+    if phase == "prefill":
+        return census_prefill(runner, tokens, counting, read).per(1)
+    return census_decode(runner, prefix, tokens, counting).per(tokens)

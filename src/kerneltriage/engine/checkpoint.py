@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
+from kerneltriage.core.errors import InputError
 from kerneltriage.engine.config import ModelConfig
+from kerneltriage.engine.names import param_name
 
 if TYPE_CHECKING:
     from kerneltriage.engine.tokenizer import Tokenizer
@@ -48,3 +50,24 @@ class Checkpoint:
     def weight_bytes(self) -> int:
         """Bytes of all weights at their stored precision."""
         return sum(t.nbytes for t in self.tensors.values())
+
+    def by_parameter(self, expected: Mapping[str, tuple[int, ...]]) -> dict[str, RawTensor]:
+        """The stored tensors under the backend Model's parameter paths, each checked against the parameter it fills
+        (`expected`: path → shape, a tied output head left out): a tensor with no place, one of another shape or a
+        parameter left unfilled is an InputError naming it, before anything is copied."""
+        placed = {}
+        for internal, raw in self.tensors.items():
+            name = param_name(internal)
+            if name is None:
+                continue
+            if name not in expected and internal == "lm_head" and self.config.tie_embeddings:
+                continue  # a tied checkpoint that stores its head anyway (engine/validate.py): the embedding is it
+            if name not in expected:
+                raise InputError(f"{self.source}: tensor {internal} has no place in a {self.config.arch} model")
+            if tuple(raw.shape) != tuple(expected[name]):
+                raise InputError(f"{self.source}: {internal} has shape {raw.shape}, expected {tuple(expected[name])}")
+            placed[name] = raw
+        missing = sorted(set(expected) - set(placed))
+        if missing:
+            raise InputError(f"{self.source}: missing tensors for {', '.join(missing[:4])}")
+        return placed

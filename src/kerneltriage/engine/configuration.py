@@ -49,6 +49,12 @@ class RunConfig:
         """Another arithmetic than stock: a lever that reorders, or speculation's verify of k+1 rows."""
         return changes_numerics(self.levers) or self.speculation is not None
 
+    @property
+    def numeric_seams(self) -> tuple[str, ...]:
+        """The seams whose op a lever of this configuration computes with another arithmetic than stock (what a
+        backend's per-seam error check measures), each once, in composition order."""
+        return tuple(dict.fromkeys(seam for s in self.levers if s.lever.numerics != "exact" for seam in s.lever.seams))
+
     def has(self, name: str) -> bool:
         return any(s.name == name for s in self.levers)
 

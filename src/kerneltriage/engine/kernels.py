@@ -28,6 +28,9 @@ SEAM_INPUTS: dict[str, tuple[str, ...]] = {
     "linear.gemv": ("x (T, K)", "weight (N, K)"),  # every projection called with at most GEMV_ROWS rows
 }
 GEMV_ROWS = 16  # linear.gemv: calls with this many rows or fewer (decode and verify); larger ones stay stock
+DECODE_ROWS = 16  # query rows up to which a masked attention call is a decode-path call (a verify), as in flex_decode
+# (rows, keys, first position) → the (T, S) bool mask of `rows` queries after `start` cached positions
+CausalFn = Callable[[int, int, int], Any]
 
 
 @dataclass(frozen=True)
@@ -66,3 +69,21 @@ def load_kernel(ref: str) -> Kernel:
         raise InputError(f"kernel={ref}: expected {name} to be a kerneltriage.engine.kernels.Kernel, "
                          f"got {type(kernel).__name__}")
     return kernel
+
+
+def seam_attention(inner: Callable[..., Any], call: Callable[..., Any], decode: bool, causal: CausalFn
+                   ) -> Callable[..., Any]:
+    """A model attention function that sends the calls of its path to the kernel `call(q, k, v, mask)` and the
+    others to `inner`: `attn.decode` (`decode`) takes one-row calls and masked calls of up to DECODE_ROWS rows
+    (verifies under a static cache), `attn.prefill` the rest. Eager rows after a cache get their causal mask."""
+
+    def attention(q: Any, k: Any, v: Any, pos: Any, **kwargs: Any) -> Any:
+        rows = q.shape[2]
+        if (rows == 1 if pos.mask is None else rows <= DECODE_ROWS) != decode:
+            return inner(q, k, v, pos, **kwargs)
+        mask = pos.mask
+        if mask is None and rows > 1:  # eager rows after `start` cached positions (0 for a fresh prompt)
+            mask = causal(rows, k.shape[2], pos.start or 0)  # (T, S)
+        return call(q, k, v, mask)
+
+    return attention

@@ -65,8 +65,7 @@ class MlxBackend:
     def seam_errors(self, runner: Runner) -> dict[str, tuple[float, float]]:
         from kerneltriage.backends.mlx.seams import seam_errors
 
-        seams = tuple(dict.fromkeys(seam for s in runner.run_config.levers if s.lever.numerics != "exact"
-                                    for seam in s.lever.seams))
+        seams = runner.run_config.numeric_seams
         return seam_errors(runner, seams) if seams else {}
 
     def ceilings(self, device: str, dtype: str, refresh: bool = False) -> Any:
@@ -96,9 +95,7 @@ class MlxBackend:
                ) -> dict[str, Any]:
         from kerneltriage.backends.mlx import census
 
-        if phase == "prefill":
-            return census.census_prefill(runner, tokens).per(1)
-        return census.census_decode(runner, prefix, tokens).per(tokens)
+        return census.per_unit(runner, phase, prefix, tokens)
 
     def attention_gates(self, phase: str, call: SdpaCall, calls_per_pass: float, device: str) -> GateRow:
         from kerneltriage.backends.mlx import gates

@@ -93,3 +93,8 @@ def census_prefill(runner: Runner, prompt: Sequence[int]) -> Census:
 def census_decode(runner: Runner, prefix: Sequence[int], tokens: int) -> Census:
     """The census of `tokens` tokens of the runner's token loop (the first, from the prefill, excluded)."""
     return counts.census_decode(runner, prefix, tokens, counting)
+
+
+def per_unit(runner: Runner, phase: str, prefix: Sequence[int], tokens: Sequence[int] | int) -> dict[str, Any]:
+    """The census per prefill (its logits read) or per decode token (engine/census.py: per_unit)."""
+    return counts.per_unit(runner, phase, prefix, tokens, counting, read=True)

@@ -19,13 +19,12 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from kerneltriage.backends.mlx import counting
-from kerneltriage.backends.mlx.models.llama import SDPA, RMSNorm
+from kerneltriage.backends.mlx.models.llama import RMSNorm
 from kerneltriage.backends.mlx.quant import QuantizedLinear
 from kerneltriage.backends.mlx.runner import Runner
 from kerneltriage.core.errors import InputError
-from kerneltriage.engine.kernels import Kernel, load_kernel
+from kerneltriage.engine.kernels import Kernel, load_kernel, seam_attention
 
-DECODE_ROWS = 16  # query rows up to which a masked call is a decode-path call (a verify)
 PROBE_KEYS = 8  # keys of the one call that checks a kernel runs here
 
 
@@ -52,18 +51,10 @@ def _norm(runner: Runner, fn: Callable) -> None:
 
 
 def _attention(runner: Runner, fn: Callable, decode: bool) -> None:
-    inner = runner.model.attention
+    def causal(rows: int, keys: int, start: int) -> mx.array:
+        return mx.arange(keys)[None, :] <= mx.arange(rows)[:, None] + start  # (T, S)
 
-    def attention(q: mx.array, k: mx.array, v: mx.array, pos: Any, sdpa: Any = SDPA) -> mx.array:
-        rows = q.shape[2]
-        if (rows == 1 if pos.mask is None else rows <= DECODE_ROWS) != decode:
-            return inner(q, k, v, pos, sdpa=sdpa)
-        mask = pos.mask
-        if mask is None and rows > 1:  # eager rows after `start` cached positions (0 for a fresh prompt)
-            mask = mx.arange(k.shape[2])[None, :] <= mx.arange(rows)[:, None] + pos.start  # (T, S)
-        return fn(q, k, v, mask)
-
-    runner.model.attention = attention
+    runner.model.attention = seam_attention(runner.model.attention, fn, decode, causal)
 
 
 def _lm_head(runner: Runner, fn: Callable) -> None:

@@ -13,9 +13,7 @@ from mlx.utils import tree_flatten
 
 from kerneltriage.backends.mlx.dequant import dequantize
 from kerneltriage.backends.mlx.models import Model, model_class
-from kerneltriage.core.errors import InputError
 from kerneltriage.engine.checkpoint import Checkpoint
-from kerneltriage.engine.names import param_name
 from kerneltriage.engine.presets import PRESET_SEED
 from kerneltriage.engine.rope import rope_inv_freq
 
@@ -92,20 +90,7 @@ def _expected(model: Model) -> dict[str, tuple[int, ...]]:
 
 
 def _from_checkpoint(model: Model, checkpoint: Checkpoint, dtype: mx.Dtype) -> dict[str, mx.array]:
-    expected, weights = _expected(model), {}
-    for internal, raw in checkpoint.tensors.items():
-        name = param_name(internal)
-        if name is None:
-            continue
-        if name not in expected:
-            raise InputError(f"{checkpoint.source}: tensor {internal} has no place in a {model.config.arch} model")
-        if tuple(raw.shape) != expected[name]:
-            raise InputError(f"{checkpoint.source}: {internal} has shape {raw.shape}, expected {expected[name]}")
-        weights[name] = dequantize(raw, dtype)
-    missing = sorted(set(expected) - set(weights))
-    if missing:
-        raise InputError(f"{checkpoint.source}: missing tensors for {', '.join(missing[:4])}")
-    return weights
+    return {name: dequantize(raw, dtype) for name, raw in checkpoint.by_parameter(_expected(model)).items()}
 
 
 def _random(model: Model, dtype: mx.Dtype) -> dict[str, mx.array]:

@@ -24,6 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from kerneltriage.backends.mlx.runner import Runner
+from kerneltriage.engine.patching import patched
 from kerneltriage.engine.probes import PhaseProfile, SdpaCall
 from kerneltriage.engine.sampling import SamplingParams
 
@@ -88,21 +89,16 @@ def _leaves(model: nn.Module) -> Iterator[tuple[nn.Module, str, str]]:
 @contextmanager
 def _replaced(parent: Any, key: str, value: Any, item: bool) -> Iterator[None]:
     """Set `parent[key]` (a module's child) or the attribute `parent.key` for the block, then restore it."""
-    if item:
-        old = parent[key]
-        parent[key] = value
-    else:
-        had, old = key in vars(parent), vars(parent).get(key)
-        setattr(parent, key, value)
+    if not item:
+        with patched(parent, key, value):
+            yield
+        return
+    old = parent[key]
+    parent[key] = value
     try:
         yield
     finally:
-        if item:
-            parent[key] = old
-        elif had:
-            setattr(parent, key, old)
-        else:
-            delattr(parent, key)
+        parent[key] = old
 
 
 def _timed_function(tally: Tally, cls: str, fn: Callable) -> Callable:

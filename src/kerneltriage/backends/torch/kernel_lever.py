@@ -9,12 +9,11 @@ import torch
 from torch import nn
 
 from kerneltriage.backends.torch import counting, kernel_ops
-from kerneltriage.backends.torch.models.llama import MLP, SDPA, RMSNorm
+from kerneltriage.backends.torch.models.llama import MLP, RMSNorm
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
-from kerneltriage.engine.kernels import GEMV_ROWS, Kernel, load_kernel
+from kerneltriage.engine.kernels import GEMV_ROWS, Kernel, load_kernel, seam_attention
 
-DECODE_ROWS = 16  # query rows up to which a masked call is a decode-path call (a verify), as in flex_decode
 
 
 def _call(runner: Runner, lever: str, kernel: Kernel, seam: str) -> Callable[..., torch.Tensor]:
@@ -42,18 +41,10 @@ def _gate_up(runner: Runner, call: Callable) -> None:
 
 
 def _attention(runner: Runner, call: Callable, decode: bool) -> None:
-    inner = runner.model.attention
+    def causal(rows: int, keys: int, start: int) -> torch.Tensor:
+        return kernel_ops.causal(rows, keys, runner.device)  # keys = start + rows: the eager cache's
 
-    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: Any, sdpa: Any = SDPA) -> torch.Tensor:
-        rows = q.shape[2]
-        if (rows == 1 if pos.mask is None else rows <= DECODE_ROWS) != decode:
-            return inner(q, k, v, pos, sdpa=sdpa)
-        mask = pos.mask
-        if mask is None and rows > 1:  # eager rows after `start` cached positions (0 for a fresh prompt)
-            mask = kernel_ops.causal(rows, k.shape[2], q.device)
-        return call(q, k, v, mask)
-
-    runner.model.attention = attention
+    runner.model.attention = seam_attention(runner.model.attention, call, decode, causal)
 
 
 def _lm_head(runner: Runner, call: Callable) -> None:

@@ -10,10 +10,8 @@ from kerneltriage.backends.torch.dequant import dequantize
 from kerneltriage.backends.torch.device import check_fits
 from kerneltriage.backends.torch.models import Model, model_class
 from kerneltriage.backends.torch.models.llama import RMSNorm
-from kerneltriage.core.errors import InputError
 from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.config import ModelConfig
-from kerneltriage.engine.names import param_name
 from kerneltriage.engine.presets import PRESET_SEED
 from kerneltriage.engine.rope import rope_inv_freq
 from kerneltriage.engine.validate import check_tensors
@@ -79,23 +77,11 @@ def _skeleton(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> 
 
 def _fill_from_checkpoint(model: Model, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
-    expected = set(params)
-    if model.config.tie_embeddings:
-        expected.discard("lm_head.weight")
-    for internal, raw in checkpoint.tensors.items():
-        name = param_name(internal)
-        if name is None:
-            continue
-        if name not in params:
-            raise InputError(f"{checkpoint.source}: tensor {internal} has no place in a {model.config.arch} model")
-        target = params[name]
-        if tuple(raw.shape) != tuple(target.shape):
-            raise InputError(f"{checkpoint.source}: {internal} has shape {raw.shape}, expected {tuple(target.shape)}")
-        with torch.no_grad():
-            target.copy_(dequantize(raw, device, dtype))
-        expected.discard(name)
-    if expected:
-        raise InputError(f"{checkpoint.source}: missing tensors for {', '.join(sorted(expected)[:4])}")
+    expected = {name: tuple(param.shape) for name, param in params.items()
+                if name != "lm_head.weight" or not model.config.tie_embeddings}
+    with torch.no_grad():
+        for name, raw in checkpoint.by_parameter(expected).items():
+            params[name].copy_(dequantize(raw, device, dtype))
 
 
 def _fill_random(model: Model, device: torch.device) -> None:

@@ -23,6 +23,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from kerneltriage.backends.torch import timing
 from kerneltriage.backends.torch.gates import record_sdpa_calls
+from kerneltriage.engine.patching import patched
 from kerneltriage.engine.probes import PhaseProfile, SdpaCall
 from kerneltriage.backends.torch.models import llama
 from kerneltriage.backends.torch.runner import Runner
@@ -66,20 +67,6 @@ def _ranged(fn: Callable, label: str, on_call: Callable[[tuple], None] | None = 
     return wrapped
 
 
-@contextmanager
-def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
-    """Set `obj.name` for the block; restore the instance attribute (or its absence) after."""
-    had, old = name in vars(obj), vars(obj).get(name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        if had:
-            setattr(obj, name, old)
-        else:
-            delattr(obj, name)
-
-
 def _module_class(name: str, module: nn.Module) -> str | None:
     last = name.rsplit(".", 1)[-1]
     parent = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else ""
@@ -97,7 +84,7 @@ def instrumented(runner: Runner) -> Iterator[Instrumentation]:
     with ExitStack() as stack:
         if not runner.run_config.has("compile"):
             _wrap_model(stack, runner.model, seen)
-        stack.enter_context(_patched(runner, "decode_step", _ranged(runner.decode_step, STEP_RANGE)))
+        stack.enter_context(patched(runner, "decode_step", _ranged(runner.decode_step, STEP_RANGE)))
         yield seen
 
 
@@ -106,12 +93,12 @@ def _wrap_model(stack: ExitStack, model: nn.Module, seen: Instrumentation) -> No
         cls = _module_class(name, module)
         if cls is not None:
             hook = _row_counter(seen, cls) if isinstance(module, nn.Linear) else None
-            stack.enter_context(_patched(module, "forward", _ranged(module.forward, RANGE_PREFIX + cls, hook)))
-    stack.enter_context(_patched(model, "attention", _ranged(model.attention, RANGE_PREFIX + "attention")))
-    stack.enter_context(_patched(model, "rope", _ranged(model.rope, RANGE_PREFIX + "rope")))
-    stack.enter_context(_patched(llama, "apply_rope", _ranged(llama.apply_rope, RANGE_PREFIX + "rope")))
+            stack.enter_context(patched(module, "forward", _ranged(module.forward, RANGE_PREFIX + cls, hook)))
+    stack.enter_context(patched(model, "attention", _ranged(model.attention, RANGE_PREFIX + "attention")))
+    stack.enter_context(patched(model, "rope", _ranged(model.rope, RANGE_PREFIX + "rope")))
+    stack.enter_context(patched(llama, "apply_rope", _ranged(llama.apply_rope, RANGE_PREFIX + "rope")))
     if model.cache is not None:
-        stack.enter_context(_patched(model.cache, "update", _ranged(model.cache.update, RANGE_PREFIX + CACHE_CLASS)))
+        stack.enter_context(patched(model.cache, "update", _ranged(model.cache.update, RANGE_PREFIX + CACHE_CLASS)))
 
 
 def _row_counter(seen: Instrumentation, cls: str) -> Callable[[tuple], None]:
