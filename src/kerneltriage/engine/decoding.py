@@ -15,8 +15,6 @@ if TYPE_CHECKING:
 
 # (runner steps, logits (1, V) after the prompt, first position to fill, tokens to emit, sampler) → host ids
 TokenLoop = Callable[["Steps", Any, int, int, "Sampler"], Iterator[int]]
-# (token history (N,), logits (1, V)) → logits: a backend array in, the same backend's array out
-LogitsProcessor = Callable[[Any, Any], Any]
 ONE_SYNC = "one_sync"
 
 

@@ -1,8 +1,13 @@
-"""Sampling parameters: what the user asked for, validated once; the backends implement them on device."""
+"""Sampling parameters: what the user asked for, validated once; the backends implement them on device. And the
+framework-free half of a backend's sampler: its logits processors, applied in order."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+# (token history (N,), logits (1, V)) → logits: a backend array in, the same backend's array out
+LogitsProcessor = Callable[[Any, Any], Any]
 
 
 @dataclass(frozen=True)
@@ -31,3 +36,27 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+class ProcessedSampler:
+    """What every backend's sampler does alike: the generation's parameters and prompt, its logits processors (the
+    ones given, then the repetition penalty where asked, `penalty(value)` being the backend's processor), applied in
+    order. The backend adds the token history on the device, the draw and speculative acceptance."""
+
+    def __init__(self, params: SamplingParams, prompt: list[int], processors: Sequence[LogitsProcessor],
+                 penalty: Callable[[float], LogitsProcessor]) -> None:
+        self.params, self.prompt = params, prompt
+        self.processors = list(processors)
+        if params.repetition_penalty != 1.0:
+            self.processors.append(penalty(params.repetition_penalty))
+
+    @property
+    def argmax_only(self) -> bool:
+        """Sampling is the argmax of the raw logits (greedy, no processors): what a resident step accepts."""
+        return self.params.greedy and not self.processors
+
+    def process(self, tokens: Any, logits: Any) -> Any:
+        """Every processor over `tokens` (the history the row follows), in order: logits (1, V) → (1, V)."""
+        for processor in self.processors:
+            logits = processor(tokens, logits)
+        return logits

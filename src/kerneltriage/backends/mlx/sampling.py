@@ -12,8 +12,7 @@ from typing import Sequence
 import mlx.core as mx
 
 from kerneltriage.backends.mlx.acceptance import Key, greedy_accept, rejection_accept, sample_probs
-from kerneltriage.engine.decoding import LogitsProcessor
-from kerneltriage.engine.sampling import SamplingParams
+from kerneltriage.engine.sampling import LogitsProcessor, ProcessedSampler, SamplingParams
 from kerneltriage.engine.speculative.draft import Draft
 
 REPETITION_CONTEXT = 20  # tokens the repetition penalty looks back over (mlx-lm's default)
@@ -61,21 +60,14 @@ def repetition_penalty(penalty: float) -> LogitsProcessor:
     return process
 
 
-class MlxSampler:
+class MlxSampler(ProcessedSampler):
     """The sampler of one generation: its logits processors over the token history (kept on the device), its
     parameters and PRNG key; every token it emits joins the history."""
 
     def __init__(self, params: SamplingParams, prompt: list[int], processors: Sequence[LogitsProcessor] = ()) -> None:
-        self.params, self.prompt = params, prompt
+        super().__init__(params, prompt, processors, repetition_penalty)
         self.key = None if params.seed is None else mx.random.key(params.seed)
-        self.processors = list(processors)
-        if params.repetition_penalty != 1.0:
-            self.processors.append(repetition_penalty(params.repetition_penalty))
         self.history = mx.array(prompt, dtype=mx.int32)  # (N,)
-
-    @property
-    def argmax_only(self) -> bool:
-        return self.params.greedy and not self.processors
 
     def next_key(self) -> Key:
         """A fresh key from this generation's seed (None: MLX's global generator)."""
@@ -83,11 +75,6 @@ class MlxSampler:
             return None
         self.key, key = mx.random.split(self.key)
         return key
-
-    def process(self, tokens: mx.array, logits: mx.array) -> mx.array:
-        for processor in self.processors:
-            logits = processor(tokens, logits)
-        return logits
 
     def __call__(self, logits: mx.array) -> mx.array:
         if self.processors:

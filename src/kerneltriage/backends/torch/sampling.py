@@ -9,8 +9,7 @@ import torch
 
 from kerneltriage.backends.torch.acceptance import greedy_accept, rejection_accept
 from kerneltriage.engine.speculative.tree import TokenTree
-from kerneltriage.engine.decoding import LogitsProcessor
-from kerneltriage.engine.sampling import SamplingParams
+from kerneltriage.engine.sampling import LogitsProcessor, ProcessedSampler, SamplingParams
 from kerneltriage.engine.speculative.draft import Draft
 
 REPETITION_CONTEXT = 20  # tokens the repetition penalty looks back over (mlx-lm's default)
@@ -67,27 +66,16 @@ def repetition_penalty(penalty: float) -> LogitsProcessor:
     return process
 
 
-class TorchSampler:
+class TorchSampler(ProcessedSampler):
     """The sampler of one generation: its logits processors over the token history (kept on the device), its
     parameters and random generator; every token it emits joins the history."""
 
     def __init__(self, params: SamplingParams, prompt: list[int], device: torch.device,
                  processors: Sequence[LogitsProcessor] = ()) -> None:
-        self.params, self.prompt, self.device = params, prompt, device
+        super().__init__(params, prompt, processors, repetition_penalty)
+        self.device = device
         self.generator = make_generator(params, device)
-        self.processors = list(processors)
-        if params.repetition_penalty != 1.0:
-            self.processors.append(repetition_penalty(params.repetition_penalty))
         self.history = torch.tensor(prompt, dtype=torch.long, device=device)  # (N,)
-
-    @property
-    def argmax_only(self) -> bool:
-        return self.params.greedy and not self.processors
-
-    def process(self, tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        for processor in self.processors:
-            logits = processor(tokens, logits)
-        return logits
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         if self.processors:
