@@ -171,6 +171,10 @@ class Runner(Steps, Protocol):
     def held_bytes(self) -> int:
         """Bytes the runner holds: weights and cache."""
 
+    def named_weights(self) -> dict[str, Array]:
+        """The model's weights as device arrays by parameter path, which is each one's HF name without `model.`
+        (engine/names.param_name; a tied head under both names): what a peer built on the same weights copies."""
+
 
 class Backend(Protocol):
     """Builds runners and answers triage's probes."""

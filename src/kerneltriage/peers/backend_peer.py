@@ -8,11 +8,11 @@ from __future__ import annotations
 from kerneltriage.bench.compare import NOT_INSTALLED, PeerRun
 from kerneltriage.bench.harness import KerneltriageEngine
 from kerneltriage.core.errors import InputError
-from kerneltriage.engine.backend import Backend, Runner, get_backend
+from kerneltriage.engine.backend import BACKENDS, Backend, Runner, get_backend
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.levers import parse_levers
 
-BACKEND_PEERS = ("torch", "mlx")
+BACKEND_PEERS = tuple(BACKENDS)  # kerneltriage itself, on each backend
 
 
 def split_peer(name: str) -> tuple[str, str]:

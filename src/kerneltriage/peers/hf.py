@@ -8,7 +8,9 @@
   by itself (CUDA only; the first call compiles for about a minute). Its prefill is not compiled, so
   pp tests are left to `hf`.
 
-EOS is ignored, as in every token loop under test. Torch-only: the runner's weights are copied for presets.
+EOS is ignored, as in every token loop under test. Torch-only: the runner's weights are copied for presets. It
+asks the runner only what the engine's protocol declares (`engine/backend.py`: its checkpoint, device, dtype,
+weights by name, synchronized clock and peak memory): transformers shares the runner's device and clock.
 """
 
 from __future__ import annotations
@@ -24,11 +26,10 @@ from typing import Any, Callable
 
 import torch
 
-from kerneltriage.backends.torch import timing
-from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.bench.compare import NOT_INSTALLED, PeerRun
 from kerneltriage.bench.harness import Sample
 from kerneltriage.bench.workloads import Test, Tokens
+from kerneltriage.engine.backend import Runner
 
 # config.json keys a built config is not given: what it is (its class says) and the special tokens (EOS is ignored)
 _NOT_PASSED = ("model_type", "architectures", "bos_token_id", "eos_token_id")
@@ -53,17 +54,17 @@ def load_hf(runner: Runner) -> torch.nn.Module:
 
     transformers.logging.set_verbosity_error()  # its notices and tqdm bars would break our progress bar
     transformers.logging.disable_progress_bar()
-    source = Path(runner.checkpoint.source)
+    source, device, dtype = Path(runner.checkpoint.source), torch.device(runner.device), getattr(torch, runner.dtype)
     if runner.config.random_weights:
-        with torch.device(runner.device):
-            model = AutoModelForCausalLM.from_config(_hf_config(runner), dtype=runner.torch_dtype)
+        with device:
+            model = AutoModelForCausalLM.from_config(_hf_config(runner), dtype=dtype)
         _copy_our_weights(model, runner)
     elif source.suffix == ".gguf":
         with contextlib.redirect_stderr(io.StringIO()):  # its GGUF converter's own tqdm bar ignores the above
-            model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=runner.torch_dtype)
+            model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=dtype)
     else:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=runner.torch_dtype)
-    model = model.to(runner.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    model = model.to(device).eval()
     model.generation_config.eos_token_id = None  # EOS ignored: always N tokens
     model.generation_config.pad_token_id = 0
     return model
@@ -71,7 +72,7 @@ def load_hf(runner: Runner) -> torch.nn.Module:
 
 def _copy_our_weights(model: torch.nn.Module, runner: Runner) -> None:
     """HF names are ours under `model.` (lm_head stays top-level); every HF tensor must find its twin."""
-    ours = dict(runner.model.named_parameters(remove_duplicate=False))
+    ours = runner.named_weights()
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
             source = ours.get(name.removeprefix("model."))
@@ -91,16 +92,16 @@ def _output_cache(out: Any) -> Any:
 
 
 @torch.no_grad()
-def _hf_prefill_sample(model: torch.nn.Module, tokens: Tokens, device: torch.device) -> Sample:
+def _hf_prefill_sample(model: torch.nn.Module, tokens: Tokens, runner: Runner) -> Sample:
     """Forward of the prompt over a fresh cache holding the prefix (filled untimed)."""
-    cache = None
+    cache, device = None, torch.device(runner.device)
     if tokens.prefix:
         prefix = torch.tensor([tokens.prefix], device=device)
         cache = _output_cache(model(prefix, use_cache=True, logits_to_keep=1))
     prompt = torch.tensor([tokens.prompt], device=device)
-    start = timing.synced_clock(device)
+    start = runner.clock()
     out = model(prompt, use_cache=True, logits_to_keep=1, **{_cache_kwarg(model): cache})
-    prefilled = timing.synced_clock(device)
+    prefilled = runner.clock()
     int(out.logits[0, -1].argmax())
     return Sample(prefilled - start, time.perf_counter() - start)
 
@@ -122,12 +123,11 @@ class StreamStamps:
         pass
 
 
-def _hf_decode_sample(model: torch.nn.Module, tokens: Tokens, count: int, device: torch.device,
-                      static: bool) -> Sample:
-    ids = torch.tensor([tokens.prefix], device=device)
+def _hf_decode_sample(model: torch.nn.Module, tokens: Tokens, count: int, runner: Runner, static: bool) -> Sample:
+    ids = torch.tensor([tokens.prefix], device=torch.device(runner.device))
     stamps = StreamStamps()
     extra = {"cache_implementation": "static"} if static else {}
-    start = timing.synced_clock(device)
+    start = runner.clock()
     model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=count + 1, do_sample=False,
                    streamer=stamps, **extra)
     if len(stamps.times) != count + 2:
@@ -140,17 +140,17 @@ def open_hf(name: str, runner: Runner) -> PeerRun:
     """`hf` or `hf-static` loaded beside the runner, or why it cannot run."""
     if importlib.util.find_spec("transformers") is None:
         return PeerRun(name, unavailable=NOT_INSTALLED)
-    if name == "hf-static" and runner.device.type != "cuda":
+    if name == "hf-static" and runner.device_type != "cuda":
         return PeerRun(name, unavailable="needs CUDA", note="its compiled decode step replays CUDA graphs")
-    engine = HFEngine(name, load_hf(runner), runner.device)
+    engine = HFEngine(name, load_hf(runner), runner)
     return PeerRun(name, engine=engine, note=f"attention {engine.params['attention']}")
 
 
 class HFEngine:
     """transformers eager (`hf`) or its static-cache generate, compiled on the first call (`hf-static`)."""
 
-    def __init__(self, name: str, model: torch.nn.Module, device: torch.device) -> None:
-        self.name, self.model, self.device = name, model, device
+    def __init__(self, name: str, model: torch.nn.Module, runner: Runner) -> None:
+        self.name, self.model, self.runner = name, model, runner  # the runner: its device, clock and memory
         self.static = name == "hf-static"
         self.params = {"attention": model.config._attn_implementation}
         self.before = 0
@@ -161,25 +161,25 @@ class HFEngine:
 
     def prepare(self, test: Test, tokens: Tokens) -> Callable[[], Sample]:
         if test.kind == "pp":
-            return lambda: _hf_prefill_sample(self.model, tokens, self.device)
-        return lambda: _hf_decode_sample(self.model, tokens, test.n, self.device, self.static)
+            return lambda: _hf_prefill_sample(self.model, tokens, self.runner)
+        return lambda: _hf_decode_sample(self.model, tokens, test.n, self.runner, self.static)
 
     def start_memory(self) -> None:
-        if self.device.type == "cuda":
-            timing.synchronize(self.device)
-            timing.reset_peak_memory(self.device)
-            self.before = torch.cuda.memory_allocated(self.device)
+        if self.runner.device_type == "cuda":
+            self.runner.synchronize()
+            self.runner.reset_peak_memory()
+            self.before = torch.cuda.memory_allocated(torch.device(self.runner.device))
 
     def peak_memory(self) -> int | None:
         """CUDA: its weights + the warm-ups' transient peak (caches, activations); CPU: not reported."""
-        if self.device.type != "cuda":
+        if self.runner.device_type != "cuda":
             return None
         tensors = (*self.model.parameters(), *self.model.buffers())
         resident = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
-        return resident + torch.cuda.max_memory_allocated(self.device) - self.before
+        return resident + self.runner.peak_memory() - self.before
 
     def close(self) -> None:
         del self.model
         gc.collect()
-        if self.device.type == "cuda":
+        if self.runner.device_type == "cuda":
             torch.cuda.empty_cache()

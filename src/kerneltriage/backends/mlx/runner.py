@@ -149,5 +149,8 @@ class Runner(RunnerBase):
         cache = self.model.cache
         return sum(arrays.values()) + (0 if cache is None else cache.nbytes)
 
+    def named_weights(self) -> dict[str, mx.array]:
+        return {name: array for name, array in tree_flatten(self.model.parameters()) if name != "inv_freq"}
+
     def host_logits(self, logits: mx.array) -> np.ndarray:
         return np.array(logits.astype(mx.float32), copy=True)

@@ -214,6 +214,9 @@ class Runner(RunnerBase):
         cache = self.model.cache
         return sum(storages.values()) + (0 if cache is None else cache.nbytes)
 
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        return dict(self.model.named_parameters(remove_duplicate=False))
+
     def host_logits(self, logits: torch.Tensor) -> np.ndarray:
         return logits.detach().to("cpu", torch.float32, copy=True).numpy()
 
