@@ -67,6 +67,21 @@ def set_tensor_field(data: bytes, header: GGUFHeader, name: str, field: str, val
     return bytes(out)
 
 
+def rename_key(data: bytes, header: GGUFHeader, key: str, new: str) -> bytes:
+    """Metadata `key` renamed in place to `new`, of the same length (what a flipped byte in its name does)."""
+    return _rename(data, header.value_type_at[key] - len(key.encode()), key, new)
+
+
+def rename_tensor(data: bytes, header: GGUFHeader, name: str, new: str) -> bytes:
+    """Tensor `name` renamed in place to `new`, of the same length."""
+    return _rename(data, header.tensor_at[name] + 8, name, new)
+
+
+def _rename(data: bytes, at: int, old: str, new: str) -> bytes:
+    assert len(new.encode()) == len(old.encode()) and data[at:at + len(old.encode())] == old.encode()
+    return data[:at] + new.encode() + data[at + len(new.encode()):]
+
+
 def _scalar_keys(data: bytes, header: GGUFHeader) -> list[str]:
     return [k for k in header.meta if value_type(data, header, k) in SCALAR_CODES]
 

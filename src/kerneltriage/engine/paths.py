@@ -7,8 +7,9 @@ import os
 from pathlib import Path
 
 CACHE_ENV = "KERNELTRIAGE_CACHE"
-# Bump when the layout of a converted form changes, so stale caches are ignored.
-CONVERTED_VERSION = 1
+# Bump when the layout of a converted form changes, so stale caches are ignored (2: BOS added by llama.cpp's
+# default for a llama-3 style BPE vocabulary that does not say).
+CONVERTED_VERSION = 2
 
 
 def cache_dir() -> Path:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
 from kerneltriage.core.errors import InputError
-from kerneltriage.engine.checkpoint import Checkpoint
+from kerneltriage.engine.checkpoint import Checkpoint, RawTensor
 from kerneltriage.engine.config import ModelConfig
 from kerneltriage.engine.preflight import check_model_spec
 from kerneltriage.engine.presets import PRESETS, get_preset
@@ -56,19 +57,35 @@ def _from_gguf(path: Path) -> Checkpoint:
     from kerneltriage.engine import names
     from kerneltriage.engine.converted import record_source
     from kerneltriage.engine.gguf_file import gguf_to_internal, read_gguf
+    from kerneltriage.engine.gguf_keys import check_key_names
     from kerneltriage.engine.paths import converted_dir
 
     contents = read_gguf(path)
     config = ModelConfig.from_gguf(contents.meta, "output.weight" in contents.tensors, name=path.stem)
-    shapes = {internal: raw.shape for name, raw in contents.tensors.items()
-              if (internal := names.to_internal(name, names.GGUF)) is not None}
-    check_tensors(str(path), config, shapes, names.GGUF)
+    check_key_names(path, contents.meta, config.arch)
+    check_tensors(str(path), config, _gguf_shapes(path, contents.tensors, config.arch), names.GGUF)
     cache = converted_dir(path)
     tokenizer = Tokenizer.from_gguf(path, contents.meta, cache=cache)
     _check_vocabulary(path, tokenizer, config)
     record_source(cache, path)
+    for note in tokenizer.notes:  # a fallback for a key the file lacks, said once
+        print(note, file=sys.stderr)
     return Checkpoint(config, gguf_to_internal(contents, config), tokenizer, source=str(path),
                       chat_template=tokenizer.chat_template)
+
+
+def _gguf_shapes(path: Path, tensors: Mapping[str, RawTensor], arch: str) -> dict[str, tuple[int, ...]]:
+    """Internal name → shape of every tensor. One that is no weight of the model is an error, as in llama.cpp
+    ("wrong number of tensors"): a flipped byte made `output.weight` `octput.weight`, and the model, its head out of
+    sight, tied its embeddings without a word."""
+    from kerneltriage.engine import names
+
+    unused = [name for name in tensors if names.to_internal(name, names.GGUF) is None]
+    if unused:
+        more = f" (and {len(unused) - 1} more)" if len(unused) > 1 else ""
+        raise InputError(f"{path}: tensor {unused[0]!r}{more} is no weight of a {arch} model; expected only its "
+                         "weights (a flipped byte in a name reads so; llama.cpp refuses such a file too)")
+    return {names.to_internal(name, names.GGUF): raw.shape for name, raw in tensors.items()}
 
 
 def _from_hf_dir(path: Path) -> Checkpoint:

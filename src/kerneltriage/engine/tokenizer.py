@@ -22,10 +22,10 @@ from tokenizers import processors
 from tokenizers.decoders import DecodeStream
 
 from kerneltriage.core.errors import InputError
+from kerneltriage.engine.gguf_special import SpecialTokens, special_tokens
 from kerneltriage.engine.gguf_vocab import check_special_ids, check_vocabulary
 
 BYTE_VOCAB = 256  # ByteTokenizer: ids below this are raw UTF-8 bytes
-_GGUF_EOS_KEYS = ("eos_token_id", "eot_token_id", "eom_token_id")
 # `tokenizer.ggml.model` values we convert: byte-level BPE and sentencepiece, what llama/qwen GGUFs use.
 # Checked here because older transformers quietly build a wrong tokenizer for other values.
 _GGUF_TOKENIZER_MODELS = ("gpt2", "llama")
@@ -45,6 +45,7 @@ class Tokenizer:
         add_bos: bool,
         chat_template: str | None,
         is_synthetic: bool = False,
+        notes: tuple[str, ...] = (),
     ) -> None:
         self._backend = backend
         self.source = source
@@ -54,6 +55,7 @@ class Tokenizer:
         self.add_bos = add_bos
         self.chat_template = chat_template
         self.is_synthetic = is_synthetic
+        self.notes = notes  # the fallbacks taken for what the model's files leave unsaid, one line each
 
     @classmethod
     def from_backend(
@@ -76,17 +78,22 @@ class Tokenizer:
         for key in ("tokenizer.ggml.model", "tokenizer.ggml.tokens"):
             if key not in meta:
                 raise InputError(f"GGUF {path}: no tokenizer ({key} missing)")
+        kind = meta["tokenizer.ggml.model"]
+        if kind not in _GGUF_TOKENIZER_MODELS:
+            supported = ", ".join(_GGUF_TOKENIZER_MODELS)
+            raise InputError(f"GGUF {path}: tokenizer model {kind!r} is not supported (expected one of {supported})")
         check_special_ids(path, meta)
+        special = special_tokens(path, meta)
         cached = cache / "tokenizer.json" if cache is not None else None
         backend = _read_cached(cached)
         if backend is None:
             check_vocabulary(path, meta)  # before the conversion: its errors come after seconds, from deep inside
-            backend = _convert_gguf_tokenizer(path, meta)
+            backend = _convert_gguf_tokenizer(path, meta, special)
             if cached is not None:
                 _cache_quietly(cached, backend.to_str())
-        eos = [meta[f"tokenizer.ggml.{key}"] for key in _GGUF_EOS_KEYS if f"tokenizer.ggml.{key}" in meta]
-        bos = meta.get("tokenizer.ggml.bos_token_id")
-        return cls.from_backend(backend, str(path), bos, eos, meta.get("tokenizer.chat_template"))
+        tokenizer = cls.from_backend(backend, str(path), special.bos, special.eos, meta.get("tokenizer.chat_template"))
+        tokenizer.notes = special.notes
+        return tokenizer
 
     @classmethod
     def from_hf_dir(cls, path: Path) -> Tokenizer:
@@ -188,16 +195,12 @@ class _ByteStream:
         return self._utf8.decode(b"", final=True)
 
 
-def _convert_gguf_tokenizer(path: Path, meta: dict[str, Any]) -> tokenizers.Tokenizer:
+def _convert_gguf_tokenizer(path: Path, meta: dict[str, Any], special: SpecialTokens) -> tokenizers.Tokenizer:
     """transformers' conversion of the GGUF's vocabulary, with the BOS/EOS post-processor llama.cpp implies.
 
-    The flags follow transformers 5.24 (`tokenizer.ggml.add_bos/eos_token`; BOS on by default for
-    sentencepiece, as llama.cpp does); older transformers ignore them and would drop Llama-2's BOS.
+    The flags are `special`'s (the file's add_bos/eos_token, else llama.cpp's defaults: gguf_special), set here
+    because older transformers ignore them and would drop Llama-2's BOS.
     """
-    kind = meta["tokenizer.ggml.model"]
-    if kind not in _GGUF_TOKENIZER_MODELS:
-        supported = ", ".join(_GGUF_TOKENIZER_MODELS)
-        raise InputError(f"GGUF {path}: tokenizer model {kind!r} is not supported (expected one of {supported})")
     if "tokenizer.ggml.merges" not in meta and "tokenizer.ggml.scores" not in meta:
         raise InputError(f"GGUF {path}: no tokenizer (tokenizer.ggml.merges and tokenizer.ggml.scores missing)")
     from transformers import AutoTokenizer
@@ -206,10 +209,8 @@ def _convert_gguf_tokenizer(path: Path, meta: dict[str, Any]) -> tokenizers.Toke
         backend = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).backend_tokenizer
     except Exception as exc:  # transformers and tokenizers raise ValueError, OSError, bare Exception...
         raise InputError(f"GGUF {path}: transformers could not convert its tokenizer ({_reason(exc)})") from exc
-    flags = {"add_bos_token": meta.get("tokenizer.ggml.add_bos_token", kind == "llama"),
-             "add_eos_token": meta.get("tokenizer.ggml.add_eos_token", False)}
-    bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
-    backend.post_processor = _bos_eos_processor(backend, flags, bos, eos)
+    flags = {"add_bos_token": special.add_bos, "add_eos_token": special.add_eos}
+    backend.post_processor = _bos_eos_processor(backend, flags, special.bos, special.eos[0])
     return backend
 
 
