@@ -110,8 +110,9 @@ class Climb:
 
     def run(self, start: RunConfig) -> tuple[Ladder, Base]:
         """Climb from `start`; the ladder, and the final configuration's base (the caller releases it)."""
+        began = self.bench.elapsed()
         base = self.bench.base(start)
-        ladder = Ladder([Rung("", "", base.standing())])
+        ladder = Ladder([Rung("", "", base.standing())], bases=[(start.label, self.bench.elapsed() - began)])
         for number in range(1, MAX_ROUNDS + 1):
             if self.spent:
                 ladder.stop = f"budget spent ({self.seconds:.0f} s) before round {number}"
@@ -120,7 +121,7 @@ class Climb:
             self.tell(f"round {number}: from {base.config.label}")
             base, adopted = self._round(number, base, ladder)
             if not adopted:
-                ladder.stop = ladder.stop or f"round {number} adopted nothing: no candidate wins"
+                ladder.stop = ladder.stop or self._why_nothing(number, ladder)
                 break
         else:
             ladder.stop = f"round limit ({MAX_ROUNDS}) reached"
@@ -149,6 +150,15 @@ class Climb:
             if bundle is not None:
                 base, adopted = self._adopt(base, bundle, ladder), True
         return base, adopted
+
+    @staticmethod
+    def _why_nothing(number: int, ladder: Ladder) -> str:
+        """Why a round adopted nothing: no candidate won, or the machine was shared so that none could be judged."""
+        timed = [t for t in ladder.trials if t.round == number and t.result is not None]
+        if timed and all(t.result.verdict == "contended" for t in timed):
+            return (f"round {number}: every A/B was contended (the machine was shared), so none could be judged; "
+                    "run it again alone")
+        return f"round {number} adopted nothing: no candidate wins"
 
     def _gain(self, trial: Trial, base: Base) -> float | None:
         return gain(trial.result, self.favor, base.weights, base.bands)
@@ -216,7 +226,9 @@ class Climb:
     def _adopt(self, base: Base, trial: Trial, ladder: Ladder) -> Base:
         """The trial's configuration becomes the base: measured and profiled, one rung up."""
         self.tell(f"adopted {trial.candidate.text}")
+        began = self.bench.elapsed()
         new = self.bench.base(trial.candidate.config)
+        ladder.bases.append((new.config.label, self.bench.elapsed() - began))
         self.bench.release(base)
         ladder.rungs.append(Rung(trial.candidate.text, trial.candidate.question, new.standing(), trial))
         return new

@@ -91,6 +91,7 @@ class Ladder:
     stop: str = ""
     rounds: int = 0
     seconds: float = 0.0
+    bases: list[tuple[str, float]] = field(default_factory=list)  # each configuration measured: (label, seconds)
     confirmation: dict[str, Any] | None = None  # `ab` of the start against the final configuration (summary)
     peer: dict[str, Any] | None = None  # the final configuration beside a peer on the same file
 
@@ -115,4 +116,5 @@ class Ladder:
                 "command_line": self.command_line(), "stop": self.stop, "rounds": self.rounds,
                 "seconds": self.seconds, "trials": [t.to_dict() for t in self.trials],
                 "refused": [{"lever": r.text, "why": r.why} for r in self.refused],
+                "bases": [{"config": label, "seconds": seconds} for label, seconds in self.bases],
                 "confirmation": self.confirmation, "peer": self.peer}

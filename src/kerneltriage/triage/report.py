@@ -81,6 +81,7 @@ class Report:
     experiment_id: int | None = None
     ladder: Ladder | None = None  # the climb (triage/climb.py)
     final_breakdown: dict[str, Breakdown] = field(default_factory=dict)  # the final configuration's profile
+    environment: dict[str, Any] = field(default_factory=dict)  # where and from which commit it ran (provenance)
 
     def outlook(self) -> dict[str, list[amdahl.Outlook]]:
         """The custom-kernel outlook per phase, on the final configuration's profile where the climb made one:
@@ -186,6 +187,7 @@ class Report:
             "levers": self.levers, "ladder": self.ladder.to_dict() if self.ladder else None,
             "final_breakdown": {phase: b.to_dict() for phase, b in self.final_breakdown.items()},
             "notes": self.notes, "stage_seconds": self.stage_seconds, "experiment_id": self.experiment_id,
+            "environment": self.environment,
         })
 
     def to_json(self) -> str:

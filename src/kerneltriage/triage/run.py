@@ -228,14 +228,15 @@ def triage(backend: Backend, runner: Runner, workload: Workload, progress: Progr
               "workload": asdict(workload), "budget": asdict(state.budget), "climb_budget": options.budget,
               "favor": options.favor, "prompts": options.prompt_set.name if options.prompt_set else None,
               "spec": options.speculation.label if options.speculation else None}
-    opened = ledger.experiment("triage", config, capture_environment(), label) if ledger else nullcontext()
+    environment = capture_environment()
+    opened = ledger.experiment("triage", config, environment, label) if ledger else nullcontext()
     with opened as exp:
         seconds = _run_stages(state, progress)
         report = Report(config, state.setup, state.breakdown, state.findings,
                         [g.to_dict() for g in state.gates],
                         [c.to_dict() | {"holes": q2_fastpath.sweep_holes(c)} for c in state.sweep], state.census,
                         {}, state.notes, seconds, state.context.to_dict() if state.context else {},
-                        ladder=state.ladder, final_breakdown=state.final)
+                        ladder=state.ladder, final_breakdown=state.final, environment=environment)
         if exp is not None:
             _record(exp, report, state.measured)
     report.experiment_id = None if exp is None else exp.id
