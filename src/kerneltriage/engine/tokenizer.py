@@ -8,12 +8,10 @@ cached as `tokenizer.json` because importing transformers and converting cost se
 from __future__ import annotations
 
 import codecs
-import functools
 import json
 import os
 import tempfile
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ from tokenizers import processors
 from tokenizers.decoders import DecodeStream
 
 from kerneltriage.core.errors import InputError
+from kerneltriage.engine.chat_template import render_chat
 from kerneltriage.engine.gguf_special import SpecialTokens, special_tokens
 from kerneltriage.engine.gguf_vocab import check_special_ids, check_vocabulary
 
@@ -144,19 +143,9 @@ class Tokenizer:
         """Render `messages` with the model's chat template, as transformers does."""
         if self.chat_template is None:
             raise InputError(f"--chat needs a model with a chat template; {self.source} has none")
-        import jinja2
-
         eos = self.eos_token_ids[0] if self.eos_token_ids else None
-        try:
-            return _compile_template(self.chat_template).render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.token_text(self.bos_token_id),
-                eos_token=self.token_text(eos),
-            )
-        except jinja2.TemplateError as exc:
-            reason = " ".join(str(exc).split())  # the message must stay on one line
-            raise InputError(f"chat template of {self.source}: {reason}") from exc
+        return render_chat(self.chat_template, self.source, messages, add_generation_prompt=add_generation_prompt,
+                           bos_token=self.token_text(self.bos_token_id), eos_token=self.token_text(eos))
 
 
 class ByteTokenizer(Tokenizer):
@@ -297,24 +286,3 @@ def _write_atomic(path: Path, text: str) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
-
-
-@functools.lru_cache(maxsize=8)
-def _compile_template(template: str) -> Any:
-    """A chat template compiled in the sandbox transformers uses, with the same helpers."""
-    import jinja2
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x: Any, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
-        # jinja's own tojson escapes HTML characters, which chat templates do not want
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(template)
