@@ -61,6 +61,15 @@ def test_the_default_ledger_is_found_from_any_folder(tmp_path: Path, ledger_path
     assert "graphs [red]" in done.stdout and "baseline" in done.stdout
 
 
+def test_a_default_ledger_not_made_yet_lists_as_empty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("KERNELTRIAGE_LEDGER", str(tmp_path / "new" / "ledger.db"))
+    assert main(["ledger", "list"]) == 0
+    assert "no experiments recorded yet" in capsys.readouterr().out
+    assert not (tmp_path / "new").exists()  # listing makes nothing
+    assert main(["ledger", "show", "1"]) == 2  # one experiment asked for: there is none
+
+
 def test_errors_are_one_line_with_status_2(tmp_path: Path, ledger_path: Path) -> None:
     noise = tmp_path / "noise.db"
     noise.write_bytes(os.urandom(4096))

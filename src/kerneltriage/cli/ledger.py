@@ -52,7 +52,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Open the ledger (it must exist) and run the chosen action."""
+    """Open the ledger (it must exist) and run the chosen action. The default ledger not made yet lists as empty:
+    nothing recorded is not an error (a --ledger path that is not there is: a typo)."""
+    if args.ledger_action == "list" and args.ledger == default_ledger_path() and not args.ledger.exists():
+        print(f"ledger {args.ledger}: no experiments recorded yet (triage, ab, bench and kernel record there)")
+        return 0
     with Ledger(args.ledger, create=False) as ledger:
         _ACTIONS[args.ledger_action](ledger, args)
     return 0
