@@ -190,7 +190,7 @@ def rerun_capture(runner):  # noqa: ANN001, ANN201 - a capture function for Grap
 def shared_answers():  # noqa: ANN201
     """distill.training_sequences memoized for the session: the distill and EAGLE tests train on the same greedy
     answers of the real model (the same prompts and lengths), generated once. A context manager per use."""
-    from kerneltriage.backends.torch import distill
+    from kerneltriage.train import distill
 
     original, cache = distill.training_sequences, {}
 

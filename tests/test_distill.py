@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from conftest import tiny_checkpoint
-from kerneltriage.backends.torch import distill
 from kerneltriage.backends.torch.backend import BACKEND, build_runner
 from kerneltriage.cli.main import main
 from kerneltriage.core.errors import InputError
@@ -17,6 +16,7 @@ from kerneltriage.engine.generation import generate_step
 from kerneltriage.engine.sampling import SamplingParams
 from kerneltriage.engine.sources import load_checkpoint
 from kerneltriage.engine.speculative.config import check_same_vocabulary, parse_speculation
+from kerneltriage.train import distill
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +72,9 @@ def test_bad_inputs_fail_before_loading_and_write_nothing(tmp_path, capsys) -> N
     assert "is not a folder" in capsys.readouterr().err and file.read_text() == ""
     assert main(["distill", "--model", "smollm2-135m", "--out", str(tmp_path / "d")]) == 2
     assert "random weights" in capsys.readouterr().err and not (tmp_path / "d").exists()
+
+
+def test_a_backend_without_a_trainer_is_refused(capsys) -> None:  # noqa: ANN001
+    pytest.importorskip("mlx.core")
+    assert main(["distill", "--backend", "mlx", "--device", "cpu", "--model", "smollm2-135m"]) == 2
+    assert "--backend mlx: it cannot train drafters" in capsys.readouterr().err

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import ARCHS, tiny_checkpoint
-from kerneltriage.backends.torch import distill, eagle, eagle_train
+from kerneltriage.backends.torch import eagle
 from kerneltriage.backends.torch.backend import BACKEND, build_runner
 from kerneltriage.backends.torch.cache import KVCache
 from kerneltriage.cli.main import main
@@ -18,6 +18,8 @@ from kerneltriage.engine.generation import generate_step
 from kerneltriage.engine.sampling import SamplingParams
 from kerneltriage.engine.speculative import drafters
 from kerneltriage.engine.speculative.config import parse_speculation
+from kerneltriage.train import distill
+from kerneltriage.train import eagle as eagle_train
 
 GREEDY = SamplingParams()
 PROMPT = [210, 158, 247, 186, 114, 261] * 2

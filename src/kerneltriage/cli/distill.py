@@ -8,10 +8,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kerneltriage.cli.common import add_engine_arguments, build_runner, check_before_loading
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.configuration import RunConfig
+
+if TYPE_CHECKING:
+    from kerneltriage.train import Trainer
 
 DEFAULT_LAYERS = 2
 DEFAULT_STEPS = 300
@@ -79,26 +83,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kerneltriage.backends.torch.distill import distill, save_folder, student_checkpoint
-    from kerneltriage.engine.backend import backend_name
     from kerneltriage.engine.paths import cache_dir
     from kerneltriage.engine.sources import load_checkpoint
+    from kerneltriage.train import get_trainer
 
-    if backend_name(args.backend) != "torch":
-        raise InputError(f"--backend {args.backend}: distill trains with torch; expected --backend torch or auto")
-    args.backend = "torch"
     check_before_loading(args)
+    trainer = get_trainer(args.backend)
     if args.eagle:
-        return _run_eagle(args)
+        return _run_eagle(args, trainer)
     checkpoint = load_checkpoint(args.model)
-    student_checkpoint(checkpoint, args.layers)  # bad --layers or an unwritable model: fail before loading it
+    trainer.check_student(checkpoint, args.layers)  # bad --layers or an unwritable model: fail before loading it
     out = Path(args.out).expanduser() if args.out else cache_dir() / "drafters" / f"{checkpoint.config.name}-L{args.layers}"
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out}: exists and is not a folder; expected a folder to write the draft into")
     target = build_runner(checkpoint, args, RunConfig())
-    student, report = distill(target, args.layers, args.steps or DEFAULT_STEPS, args.continuation,
-                              lambda line: print(line, file=sys.stderr))
-    save_folder(student, out)
+    student, report = trainer.distill(target, args.layers, args.steps or DEFAULT_STEPS, args.continuation,
+                                      lambda line: print(line, file=sys.stderr))
+    trainer.save_draft(student, out)
     return _report(args, report, out, f"draft: {report.layers} layers", f"its first layers untrained, = --spec "
                    f"selfdraft:{report.layers}", f"--spec draft:{out}")
 
@@ -117,9 +118,8 @@ def _report(args: argparse.Namespace, report, out: Path, what: str, before: str,
     return 0
 
 
-def _run_eagle(args: argparse.Namespace) -> int:
-    from kerneltriage.backends.torch.eagle import default_path, save_head
-    from kerneltriage.backends.torch.eagle_train import train_head
+def _run_eagle(args: argparse.Namespace, trainer: Trainer) -> int:
+    from kerneltriage.engine.backend import get_backend
     from kerneltriage.engine.sources import load_checkpoint
 
     if args.dtype not in ("auto", "float32"):
@@ -132,13 +132,10 @@ def _run_eagle(args: argparse.Namespace) -> int:
     checkpoint = load_checkpoint(args.model)
     if checkpoint.config.random_weights:
         raise InputError(f"--model {checkpoint.source}: random weights have nothing to distill; expected a model file")
-    out = out or default_path(checkpoint.config)
-    target = build_runner(checkpoint, args, RunConfig())
-    if target.device.type == "cuda":
-        from kerneltriage.backends.torch.levers import apply_config
-
-        apply_config(target, RunConfig.from_flags(GENERATION_LEVERS))
-    head, report = train_head(target, args.steps or DEFAULT_EAGLE_STEPS, args.continuation, args.samples,
-                              progress=lambda line: print(line, file=sys.stderr))
-    save_head(head, out)
+    out = out or trainer.head_path(checkpoint.config)
+    on_cuda = get_backend(args.backend).resolve_device(args.device).startswith("cuda")
+    target = build_runner(checkpoint, args, RunConfig.from_flags(GENERATION_LEVERS if on_cuda else ""))
+    head, report = trainer.train_head(target, args.steps or DEFAULT_EAGLE_STEPS, args.continuation, args.samples,
+                                      lambda line: print(line, file=sys.stderr))
+    trainer.save_head(head, out)
     return _report(args, report, out, "EAGLE head", "untrained", f"--spec eagle:{out}" if args.out else "--spec eagle")

@@ -39,6 +39,7 @@ def _restocked(runner: Runner, dtype: str) -> Runner:
 
 class MlxBackend:
     name = "mlx"
+    trainer = None  # no trainer of drafters on MLX yet (train/)
 
     def resolve_device(self, name: str) -> str:
         return devices.resolve_device(name)

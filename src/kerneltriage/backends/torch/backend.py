@@ -25,6 +25,7 @@ def build_runner(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtyp
 
 class TorchBackend:
     name = "torch"
+    trainer = "kerneltriage.train.torch_trainer"  # drafts and EAGLE heads train on torch runners (train/)
 
     def resolve_device(self, name: str) -> str:
         return str(resolve_device(name))

@@ -13,7 +13,7 @@ positions rewrites them, and a draft reads only positions before the last emitte
 forward has written.
 
 A head's file is safetensors (fc, the layer, the norm: the embedding and lm_head are the target's), with the
-target's shapes in its metadata, checked on load. `distill --eagle` trains one (backends/torch/eagle_train.py).
+target's shapes in its metadata, checked on load. `distill --eagle` trains one (train/eagle.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Training an EAGLE-style head (backends/torch/eagle.py) by self-distillation: on the target's answers to
-distill.py's built-in training prompts and the further ones here (none from benchmarks/prompts/) — greedy, and
+"""Training an EAGLE-style head (backends/torch/eagle.py) on a torch runner by self-distillation: on the target's
+answers to distill.py's built-in training prompts and the further ones here (none from benchmarks/prompts/) — greedy, and
 `samples` more each drawn at SAMPLE_TEMPERATURE (a head has many more weights than those prompts' greedy answers
 have positions: 20 of them overfit it, 21% held-out agreement at 400 steps on the CPU while its training KL fell to
 0.8) — the head is fed the target's true features f_j with the tokens t_{j+1} that followed
@@ -19,12 +19,12 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from kerneltriage.backends.torch import distill
-from kerneltriage.backends.torch.distill import Answered, Progress, Unstored
 from kerneltriage.backends.torch.eagle import EagleHead
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.sampling import SamplingParams
+from kerneltriage.train import distill
+from kerneltriage.train.distill import Answered, Progress, Unstored
 
 LEARNING_RATE = 1e-3
 FEATURE_LOSS = 1.0  # weight of the smooth-L1 feature loss beside the KL (per feature, in units of the features' RMS)
