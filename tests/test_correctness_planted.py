@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import rerun_capture, tiny_checkpoint, tiny_runner
-from kerneltriage.backends.torch import accelerate, levers
+from kerneltriage.backends.torch import accelerate, graphed, levers
 from kerneltriage.backends.torch.backend import BACKEND
 from kerneltriage.bench import equivalence
 from kerneltriage.engine.configuration import RunConfig
@@ -51,14 +51,14 @@ def test_a_lever_counted_at_capture_only_stays_at_zero() -> None:
 
     def capture_only(model, tokens, start):  # noqa: ANN001, ANN202 - planted: counts in warm-ups, not when captured
         seen.append(start)
-        if len(seen) <= accelerate.GRAPH_WARMUPS:
+        if len(seen) <= graphed.GRAPH_WARMUPS:
             runner.counters["one_sync"] += 1
         return stock(model, tokens, start)
 
     runner.decode_step = capture_only
     accelerate.graphs(runner, capture_fn=fake_capture)
     list(generate_step(runner, list(range(1, 9)), GREEDY, 12))
-    assert len(seen) == accelerate.GRAPH_WARMUPS + 1  # ran in the warm-ups and the capture only
+    assert len(seen) == graphed.GRAPH_WARMUPS + 1  # ran in the warm-ups and the capture only
     assert runner.counters["one_sync"] == 0 and runner.counters["graphs"] == 11
 
 

@@ -302,7 +302,7 @@ def test_the_controller_limits_resident_verifies_by_the_match_lengths_that_pay()
 
 def test_every_window_a_run_reaches_is_captured_before_it() -> None:
     """The steps in flight reach RESIDENT_SLACK positions past the text: their windows are captured before the run
-    (accelerate.GraphedStep.prepare), never inside it — on a cache just large enough, with a window of 8 slots."""
+    (graphed.GraphedStep.prepare), never inside it — on a cache just large enough, with a window of 8 slots."""
     runner, _ = resident_runner()
     steps = runner.resident_steps
     steps.window_step = 8

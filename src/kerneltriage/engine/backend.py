@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from kerneltriage.engine.probes import (GateRow, KernelCheck, KernelTiming, PhaseProfile, SdpaCall, Sparsity,
                                             SweepCurve)
     from kerneltriage.engine.sampling import SamplingParams
-    from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
+    from kerneltriage.engine.speculative.config import Speculation
+    from kerneltriage.engine.speculative.stats import SpecStats
 
 BACKENDS = {"torch": "kerneltriage.backends.torch.backend", "mlx": "kerneltriage.backends.mlx.backend"}
 Array = Any  # a backend's device array (torch.Tensor, mx.array): opaque to the engine
@@ -117,6 +118,23 @@ class Steps(Protocol):
         """True when speculative steps can run resident on the device (`queue_step`)."""
 
 
+class Speculating(Protocol):
+    """Speculative decoding installed as a runner's token loop (engine/speculative/decoder.py: SpeculativeDecoder),
+    as bench, triage and the commands read it."""
+
+    speculation: "Speculation"
+    stats: "SpecStats"  # the last generation's
+    total: "SpecStats"  # every generation's since `reset_total`
+
+    def reset_total(self) -> None: ...
+
+    def deepest(self, runner: Steps) -> int:
+        """The deepest k a run on `runner` drafts."""
+
+    def shapes(self, runner: Steps) -> list[int]:
+        """The rows of each padded verify shape a run on `runner` may compute ([] where verifies are not padded)."""
+
+
 class Runner(Steps, Protocol):
     """One model, its levers and cache: what bench, ab and triage use."""
 
@@ -128,7 +146,7 @@ class Runner(Steps, Protocol):
     dtype: str  # "bfloat16", "float32"
     dtype_bytes: int
     gpu_index: int | None  # the GPU whose clocks and temperature snapshots read (None: no GPU)
-    speculation: "SpeculativeDecoder | None"
+    speculation: "Speculating | None"
 
     @property
     def config(self) -> "ModelConfig": ...
@@ -180,6 +198,7 @@ class Backend(Protocol):
     """Builds runners and answers triage's probes."""
 
     name: str
+    trainer: str | None  # the module of train/ that trains drafters on its runners (train.Trainer), if any
 
     def resolve_device(self, name: str) -> str: ...
 

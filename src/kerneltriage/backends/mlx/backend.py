@@ -13,20 +13,11 @@ import mlx.core as mx
 
 from kerneltriage.backends.mlx import device as devices
 from kerneltriage.backends.mlx.levers import apply_config
+from kerneltriage.backends.mlx.load import build_runner
 from kerneltriage.backends.mlx.runner import Runner
 from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.probes import GateRow, PhaseProfile, SdpaCall, Sparsity, SweepCurve
-
-
-def build_runner(checkpoint: Checkpoint, device: str, dtype: str) -> Runner:
-    """A stock runner: the checkpoint's weights, dequantized, on `device` in `dtype`, no levers. MLX runs on its
-    default device, so that is set here (one process runs one MLX device)."""
-    from kerneltriage.backends.mlx.load import load_model
-
-    mx.set_default_device(devices.mx_device(device))
-    model = load_model(checkpoint, getattr(mx, dtype))
-    return Runner(model, checkpoint, device, devices.device_type(device), dtype)
 
 
 def _restocked(runner: Runner, dtype: str) -> Runner:

@@ -11,13 +11,23 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+from kerneltriage.backends.mlx import device as devices
 from kerneltriage.backends.mlx.dequant import dequantize
 from kerneltriage.backends.mlx.models import Model, model_class
+from kerneltriage.backends.mlx.runner import Runner
 from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.presets import PRESET_SEED
 from kerneltriage.engine.rope import rope_inv_freq
 
 INIT_STD = 0.02
+
+
+def build_runner(checkpoint: Checkpoint, device: str, dtype: str) -> Runner:
+    """A stock runner: the checkpoint's weights, dequantized, on `device` in `dtype`, no levers. MLX runs on its
+    default device, so that is set here (one process runs one MLX device)."""
+    mx.set_default_device(devices.mx_device(device))
+    model = load_model(checkpoint, getattr(mx, dtype))
+    return Runner(model, checkpoint, device, devices.device_type(device), dtype)
 
 
 def load_model(checkpoint: Checkpoint, dtype: mx.Dtype) -> Model:

@@ -60,6 +60,15 @@ def repetition_penalty(penalty: float) -> LogitsProcessor:
     return process
 
 
+def draft_token(logits: mx.array, sampler: "MlxSampler", probs: list[mx.array]) -> mx.array:
+    """A drafted token (1, 1) from a draft's logits (1, V): the argmax when greedy, else drawn from
+    q = softmax(filter(logits)), q appended to `probs` for the acceptance test."""
+    if sampler.params.greedy:
+        return mx.argmax(logits, axis=-1, keepdims=True).astype(mx.int32)
+    probs.append(mx.softmax(filter_logits(logits, sampler.params), axis=-1))
+    return sample_probs(probs[-1], sampler.next_key()).astype(mx.int32).reshape(1, 1)
+
+
 class MlxSampler(ProcessedSampler):
     """The sampler of one generation: its logits processors over the token history (kept on the device), its
     parameters and PRNG key; every token it emits joins the history."""
@@ -107,4 +116,4 @@ class MlxSampler(ProcessedSampler):
         return packed[1:packed[0] + 1] + packed[-1:]
 
 
-__all__ = ["MlxSampler", "filter_logits", "sample", "sample_probs", "repetition_penalty"]
+__all__ = ["MlxSampler", "draft_token", "filter_logits", "sample", "sample_probs", "repetition_penalty"]

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from kerneltriage.backends.mlx.acceptance import sample_probs
 from kerneltriage.backends.mlx.cache import KVCache
+from kerneltriage.backends.mlx.load import build_runner
 from kerneltriage.backends.mlx.models import Model
 from kerneltriage.backends.mlx.runner import Runner
-from kerneltriage.backends.mlx.sampling import MlxSampler, filter_logits
+from kerneltriage.backends.mlx.sampling import MlxSampler, draft_token
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.speculative import drafters
 from kerneltriage.engine.speculative.config import Speculation
@@ -30,15 +30,6 @@ def draft_tokens(model: Model, feed: list[int], start: int, k: int, sampler: Mlx
     draft = Draft(mx.concatenate(tokens).reshape(-1), mx.concatenate(probs) if probs else None)
     mx.async_eval(draft.tokens, *([draft.probs] if probs else []))  # queued now: the decoder times the draft apart
     return draft
-
-
-def draft_token(logits: mx.array, sampler: MlxSampler, probs: list[mx.array]) -> mx.array:
-    """A drafted token (1, 1) from a draft's logits (1, V): the argmax when greedy, else drawn from
-    q = softmax(filter(logits)), q appended to `probs` for the acceptance test."""
-    if sampler.params.greedy:
-        return mx.argmax(logits, axis=-1, keepdims=True).astype(mx.int32)
-    probs.append(mx.softmax(filter_logits(logits, sampler.params), axis=-1))
-    return sample_probs(probs[-1], sampler.next_key()).astype(mx.int32).reshape(1, 1)
 
 
 class _LayerPrefixCache(KVCache):
@@ -61,8 +52,6 @@ def model_drafter(runner: Runner) -> ModelDrafter:
 
 def build_drafter(speculation: Speculation, runner: Runner) -> Drafter:
     """The drafter `speculation` names for this target (drafters.build_drafter)."""
-    from kerneltriage.backends.mlx.backend import build_runner
-
     return drafters.build_drafter(
         speculation, runner, lambda layers: self_drafter(runner.model, layers),
         lambda checkpoint: model_drafter(build_runner(checkpoint, runner.device, runner.dtype)))

@@ -9,18 +9,12 @@ import torch
 
 from kerneltriage.backends.torch.device import resolve_device, resolve_dtype
 from kerneltriage.backends.torch.levers import apply_config
+from kerneltriage.backends.torch.load import build_runner
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.probes import (GateRow, KernelCheck, KernelTiming, PhaseProfile, SdpaCall, Sparsity,
                                         SweepCurve)
-
-
-def build_runner(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Runner:
-    """A stock runner: the checkpoint's weights on `device` in `dtype`, no levers."""
-    from kerneltriage.backends.torch.load import load_model
-
-    return Runner(load_model(checkpoint, device, dtype), checkpoint, device, dtype)
 
 
 class TorchBackend:

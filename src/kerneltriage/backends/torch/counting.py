@@ -3,7 +3,7 @@
 Under torch.compile a count is not traced (Dynamo would guard on the counter's value and recompile the step
 whenever it moved: with fullgraph, a hard failure after 8): the lever reports itself once, at trace time, to the
 compiled step being called (`CompiledStep.inside`), which counts it at each of its calls. Under CUDA graphs the
-counts the captured call made are undone and replayed at each replay (`accelerate.GraphedStep`).
+counts the captured call made are undone and replayed at each replay (`graphed.GraphedStep`).
 """
 
 from __future__ import annotations

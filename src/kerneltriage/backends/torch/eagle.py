@@ -27,8 +27,7 @@ from kerneltriage.backends.torch.cache import KVCache, Positions
 from kerneltriage.backends.torch.models import Model
 from kerneltriage.backends.torch.models.llama import RMSNorm, Step, sdpa_attention
 from kerneltriage.backends.torch.runner import Runner
-from kerneltriage.backends.torch.sampling import TorchSampler
-from kerneltriage.backends.torch.speculative import draft_token
+from kerneltriage.backends.torch.sampling import TorchSampler, draft_token
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.config import ModelConfig
 from kerneltriage.engine.paths import cache_dir

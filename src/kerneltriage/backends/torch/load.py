@@ -10,6 +10,7 @@ from kerneltriage.backends.torch.dequant import dequantize
 from kerneltriage.backends.torch.device import check_fits
 from kerneltriage.backends.torch.models import Model, model_class
 from kerneltriage.backends.torch.models.llama import RMSNorm
+from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.config import ModelConfig
 from kerneltriage.engine.presets import PRESET_SEED
@@ -17,6 +18,11 @@ from kerneltriage.engine.rope import rope_inv_freq
 from kerneltriage.engine.validate import check_tensors
 
 INIT_STD = 0.02
+
+
+def build_runner(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Runner:
+    """A stock runner: the checkpoint's weights on `device` in `dtype`, no levers."""
+    return Runner(load_model(checkpoint, device, dtype), checkpoint, device, dtype)
 
 
 def load_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Model:

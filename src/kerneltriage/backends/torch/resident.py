@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from kerneltriage.backends.torch import graph_switch
-from kerneltriage.backends.torch.accelerate import GRAPH_WARMUPS, GraphedStep, _capturable_attention, _Graph
+from kerneltriage.backends.torch.graphed import GRAPH_WARMUPS, CapturedGraph, GraphedStep, capturable_attention
 from kerneltriage.backends.torch.cache import StaticKVCache
 from kerneltriage.backends.torch.cudagraph import capture
 from kerneltriage.backends.torch.models import Model
 from kerneltriage.engine.speculative.resident import CHOICES, DONE, RESIDENT_SLACK
 
 if TYPE_CHECKING:
-    from kerneltriage.backends.torch.accelerate import Capture
+    from kerneltriage.backends.torch.graphed import Capture
     from kerneltriage.backends.torch.runner import Runner, RowsFn, StepFn
 
 RESULT_SLOTS = 4  # pinned host buffers for results in flight (the loop reads one while at most two are queued)
@@ -165,7 +165,8 @@ class ResidentSteps(GraphedStep):
             return self.out
         return self._body(model, slot, start, 0 if choice == DONE else choice)
 
-    def _capture(self, model: Model, cache: StaticKVCache, window: int, tokens: torch.Tensor, start: int) -> _Graph:
+    def _capture(self, model: Model, cache: StaticKVCache, window: int, tokens: torch.Tensor, start: int
+                 ) -> CapturedGraph:
         """Capture with the device's text ending at `start`: every warm-up drafts, runs and writes the cache from
         there (one that went on from the last one's accepted tokens would write past `start + rows`, up to the
         cache's end and beyond); the length is put back after. With the SWITCH: each body captured on its own
@@ -180,13 +181,13 @@ class ResidentSteps(GraphedStep):
             self.length.copy_(length)
 
     def _capture_switch(self, model: Model, cache: StaticKVCache, window: int, slot: torch.Tensor,
-                        start: int) -> _Graph:
+                        start: int) -> CapturedGraph:
         counters, bodies, calls = self.runner.counters, [], []
         before = Counter(counters)
         cache.position.fill_(start)
         cache.window = window
         try:
-            with _capturable_attention():
+            with capturable_attention():
                 self._warming(slot)
                 self._draft(slot)  # the slot holds a draft: every body warms up on real tokens
                 for choice in range(len(CHOICES)):
@@ -205,7 +206,7 @@ class ResidentSteps(GraphedStep):
         graph.bodies = bodies  # their pools hold the bodies' intermediates: kept as long as the graph
         # a replay runs one body, each with the same levers: it counts the plain step's
         inside = next(ran for choice, ran in reversed(calls) if choice == 0)
-        self.graphs[window, MAX_ROWS] = _Graph(graph, slot, self.out, inside)
+        self.graphs[window, MAX_ROWS] = CapturedGraph(graph, slot, self.out, inside)
         return self.graphs[window, MAX_ROWS]
 
     def _slot(self) -> "tuple[torch.Tensor, torch.cuda.Event] | None":

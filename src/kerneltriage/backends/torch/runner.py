@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -21,17 +21,29 @@ from kerneltriage.engine.decoding import TokenLoop, plain_loop
 from kerneltriage.engine.runner_base import RunnerBase, decode_one, prefill, verify_rows
 from kerneltriage.engine.levers import Place
 from kerneltriage.engine.sampling import SamplingParams
+from kerneltriage.engine.speculative.resident import WIDEST
 from kerneltriage.engine.speculative.tree import TokenTree
 
 if TYPE_CHECKING:
-    from kerneltriage.backends.torch.resident import ResidentSteps, Result
-    from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
+    from kerneltriage.engine.backend import Queued, Speculating
 
 # (model, tokens (1, T), start) -> logits (1, V) of the last position
 StepFn = Callable[[Model, torch.Tensor, int], torch.Tensor]
 # (model, tokens (1, T), start) -> logits (T, V) of every position: the speculative verify forward
 RowsFn = Callable[[Model, torch.Tensor, int], torch.Tensor]
 PINNED_SLOTS = 2  # host buffers for tokens in flight: the pipelined loop reads one while the next is copied
+
+
+class ResidentQueue(Protocol):
+    """The steps a runner queues resident on the device (resident.py: ResidentSteps), as the runner calls them."""
+
+    def use(self, lookback: int) -> None: ...
+
+    def prepare(self, model: Model, start: int, end: int, rows: list[int]) -> None: ...
+
+    def begin(self, model: Model, context: list[int], lookback: int) -> None: ...
+
+    def queue(self, model: Model, reach: int, limits: tuple[int, int, int]) -> "Queued": ...
 
 
 class _Pending:
@@ -72,8 +84,8 @@ class Runner(RunnerBase):
     cache_slack: int = 0  # extra slots past the last position (a padded speculative verify writes beyond it)
     no_compile: str | None = None  # the lever whose own kernels torch.compile must not trace, if any
     run_config: RunConfig = field(default_factory=RunConfig)
-    speculation: "SpeculativeDecoder | None" = None
-    resident_steps: "ResidentSteps | None" = None  # steps that draft from, choose by and append to the device's text
+    speculation: "Speculating | None" = None
+    resident_steps: "ResidentQueue | None" = None  # steps that draft from, choose by and append to the device's text
     # Proof of execution: every lever's replacement code counts its own runs here.
     counters: Counter = field(default_factory=Counter)
     backend: str = "torch"
@@ -140,13 +152,11 @@ class Runner(RunnerBase):
     @torch.inference_mode()
     def prepare_steps(self, start: int, end: int, rows: Sequence[int], lookback: int = 0) -> None:
         """Capture ahead the fixed-shape steps (graphs) a run from `start` to `end` may replay: plain steps and
-        verifies of each of `rows` (accelerate.GraphedStep.prepare) — with `lookback`, resident steps instead of the
+        verifies of each of `rows` (graphed.GraphedStep.prepare) — with `lookback`, resident steps instead of the
         verifies (the run verifies nothing host-fed); steps that are not captured need nothing."""
-        from kerneltriage.backends.torch.resident import MAX_ROWS
-
         verify, shapes = self.verify_step, list(rows)
         if lookback:  # one graph per window, of the widest step's rows
-            verify, shapes = self.resident_steps, [MAX_ROWS]
+            verify, shapes = self.resident_steps, [WIDEST]
             verify.use(lookback)
         for step, shapes in ((self.decode_step, [1]), (verify, shapes)):
             prepare = getattr(step, "prepare", None)
@@ -162,7 +172,7 @@ class Runner(RunnerBase):
         self.resident_steps.begin(self.model, context, lookback)
 
     @torch.inference_mode()
-    def queue_step(self, reach: int, limits: tuple[int, int, int]) -> "Result":
+    def queue_step(self, reach: int, limits: tuple[int, int, int]) -> "Queued":
         return self.resident_steps.queue(self.model, reach, limits)
 
     @torch.inference_mode()

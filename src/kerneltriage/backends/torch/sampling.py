@@ -7,7 +7,7 @@ from typing import Sequence
 
 import torch
 
-from kerneltriage.backends.torch.acceptance import greedy_accept, rejection_accept
+from kerneltriage.backends.torch.acceptance import greedy_accept, rejection_accept, sample_probs
 from kerneltriage.engine.speculative.tree import TokenTree
 from kerneltriage.engine.sampling import LogitsProcessor, ProcessedSampler, SamplingParams
 from kerneltriage.engine.speculative.draft import Draft
@@ -64,6 +64,15 @@ def repetition_penalty(penalty: float) -> LogitsProcessor:
                                 torch.where(picked < 0, picked * penalty, picked / penalty)[0])
 
     return process
+
+
+def draft_token(logits: torch.Tensor, sampler: "TorchSampler", probs: list[torch.Tensor]) -> torch.Tensor:
+    """A drafted token (1, 1) from a draft's logits (1, V): the argmax when greedy, else drawn from
+    q = softmax(filter(logits)), q appended to `probs` for the acceptance test."""
+    if sampler.params.greedy:
+        return logits.argmax(dim=-1, keepdim=True)
+    probs.append(filter_logits(logits, sampler.params).softmax(-1))
+    return sample_probs(probs[-1], sampler.generator).view(1, 1)
 
 
 class TorchSampler(ProcessedSampler):

@@ -8,10 +8,10 @@ from __future__ import annotations
 import torch
 
 from kerneltriage.backends.torch.cache import KVCache
+from kerneltriage.backends.torch.load import build_runner
 from kerneltriage.backends.torch.models import Model
 from kerneltriage.backends.torch.runner import Runner, verify_rows
-from kerneltriage.backends.torch.acceptance import sample_probs
-from kerneltriage.backends.torch.sampling import TorchSampler, filter_logits
+from kerneltriage.backends.torch.sampling import TorchSampler, draft_token
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.speculative import drafters
 from kerneltriage.engine.speculative.config import TREE_EAGER_ONLY, Speculation
@@ -28,15 +28,6 @@ def draft_tokens(model: Model, feed: list[int], start: int, k: int, sampler: Tor
     step = torch.tensor([feed], device=model.embed_tokens.weight.device)  # (1, F)
     tokens = draft_steps(model, step, start, k, lambda logits: draft_token(logits, sampler, probs))
     return Draft(torch.cat(tokens).view(-1), torch.cat(probs) if probs else None)
-
-
-def draft_token(logits: torch.Tensor, sampler: TorchSampler, probs: list[torch.Tensor]) -> torch.Tensor:
-    """A drafted token (1, 1) from a draft's logits (1, V): the argmax when greedy, else drawn from
-    q = softmax(filter(logits)), q appended to `probs` for the acceptance test."""
-    if sampler.params.greedy:
-        return logits.argmax(dim=-1, keepdim=True)
-    probs.append(filter_logits(logits, sampler.params).softmax(-1))
-    return sample_probs(probs[-1], sampler.generator).view(1, 1)
 
 
 class _LayerPrefixCache(KVCache):
@@ -60,9 +51,7 @@ def model_drafter(runner: Runner) -> ModelDrafter:
 
 def build_drafter(speculation: Speculation, runner: Runner) -> Drafter:
     """The drafter `speculation` names for this target (drafters.build_drafter)."""
-    from kerneltriage.backends.torch.backend import build_runner
-
-    from kerneltriage.backends.torch.eagle import head_drafter
+    from kerneltriage.backends.torch.eagle import head_drafter  # (safetensors and the head: when asked for)
 
     return drafters.build_drafter(
         speculation, runner, lambda layers: self_drafter(runner.model, layers),

@@ -24,7 +24,7 @@ rule); the choice costs time, not exactness.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 from kerneltriage.engine.decoding import ONE_SYNC
 from kerneltriage.engine.speculative.config import VERIFY_BUCKETS, padded_rows
@@ -32,7 +32,8 @@ from kerneltriage.engine.speculative.suffix import LONG_MATCH
 
 if TYPE_CHECKING:
     from kerneltriage.engine.backend import Queued, Steps
-    from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
+    from kerneltriage.engine.speculative.config import Speculation
+    from kerneltriage.engine.speculative.controller import DepthController
 
 AHEAD = 1  # resident steps queued beyond the one the host waits for
 CHOICES = (1, *VERIFY_BUCKETS)  # a resident step's rows by the device's choice: a plain step, then the verify shapes
@@ -65,7 +66,22 @@ def device_choice(text: list[int], lookback: int, limits: tuple[int, int, int]) 
     return (DONE if len(text) >= end else min(choice if matched >= least else 0, cap)), matched
 
 
-def resident_run(decoder: "SpeculativeDecoder", runner: "Steps", context: list[int], end: int) -> Iterator[int]:
+class Deciding(Protocol):
+    """What a resident run asks of the speculative decoder that runs it (decoder.py: SpeculativeDecoder)."""
+
+    speculation: "Speculation"
+    controller: "DepthController"
+
+    def host_clock(self) -> float: ...
+
+    def depth(self, runner: "Steps", context: list[int], end: int) -> int:
+        """The controller's k for the next step (0: a plain step)."""
+
+    def record_step(self, runner: "Steps", rows: int, accepted: int, seconds: float, matched: int = 0) -> None:
+        """A step that emitted `accepted` + 1 tokens from `rows` rows in `seconds`, into the stats and controller."""
+
+
+def resident_run(decoder: Deciding, runner: "Steps", context: list[int], end: int) -> Iterator[int]:
     """Resident steps after `context` (extended in place) until the controller switches speculation off, the text
     reaches `end` tokens, or the cache's end; every step queued is read before this returns (but where the caller
     closes it early). A step's cost is the time between two results arriving: the device's pace. Nothing is uploaded
