@@ -4,17 +4,39 @@ checklist and the verdict; its JSON summary and its ledger experiment."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from kerneltriage.bench.equivalence import DIGEST_PROMPT_TOKENS, DIGEST_PROMPTS, DIGEST_TOKENS, Correctness
-from kerneltriage.bench.workloads import WORKLOAD_SEED
+from kerneltriage.bench.workloads import WORKLOAD_SEED, Test
 from kerneltriage.core import verdict
 from kerneltriage.core.measurement import Measurement
 from kerneltriage.engine.configuration import RunConfig
 
 if TYPE_CHECKING:
-    from kerneltriage.bench.ab import Phase, Settings
     from kerneltriage.engine.backend import Runner
+
+
+class Phase(Protocol):
+    """One phase of an A/B as the report reads it (ab.Phase): its test, A/A and A/B blocks and summary."""
+
+    test: Test
+    aa: tuple[Measurement, Measurement]
+    ab: tuple[Measurement, Measurement]
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+class Settings(Protocol):
+    """An A/B's effort as the report describes it (ab.Settings)."""
+
+    pairs: int
+    warmups: int
+    sustain: float
+
+    @property
+    def tests(self) -> list[Test]: ...
+
+    def name(self, test: Test) -> str: ...
 
 
 @dataclass
