@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from kerneltriage.core.errors import InputError
-from kerneltriage.core.ledger_export import export
 from kerneltriage.core.contention import contention
 from kerneltriage.core.ledger_schema import connect
 from kerneltriage.core.measurement import Measurement
@@ -272,6 +271,8 @@ class Ledger:
 
     def export(self, fmt: str) -> str:
         """Every experiment as Markdown, CSV or JSON (`fmt` in ledger_export.FORMATS)."""
+        from kerneltriage.core.ledger_export import export  # the formats read this module's records
+
         return export(self.all_experiments(), fmt)
 
     def _record(self, row: tuple[Any, ...]) -> ExperimentRecord:
