@@ -11,10 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from kerneltriage.core.environment import Snapshot
+from typing import Any, Protocol
 
 # Other processes used at least half a core on average while we measured: on the 2-core CI machine one
 # busy-loop beside a run made prefill 27x slower; background daemons stay near 0.05.
@@ -81,6 +78,17 @@ def gpu_readings(nvml: ModuleType, handle: Any) -> dict[str, Any]:
         utilization = None
     others = len(pids - {os.getpid()}) if os.getpid() in pids else max(0, len(pids) - 1)
     return {"gpu_utilization_pct": utilization, "gpu_other_processes": others}
+
+
+class Snapshot(Protocol):
+    """The readings of a snapshot the judgement uses (environment.Snapshot records them; None: not measurable)."""
+
+    time: float
+    load_avg_1m: float | None
+    cpu_count: int | None
+    cpu_busy_s: float | None
+    self_cpu_s: float | None
+    gpu_other_processes: int | None
 
 
 def other_cores(start: Snapshot, end: Snapshot) -> float | None:
