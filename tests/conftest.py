@@ -213,3 +213,25 @@ def shared_answers():  # noqa: ANN201
             distill.training_sequences = original
 
     return use
+
+
+@pytest.fixture(scope="session")
+def gpu_greedy(default_checkpoint):  # noqa: ANN001, ANN201
+    """The real default model's greedy tokens on CUDA (float32) after a prompt under a lever set, memoized for the
+    session: the GPU tests' references, each decoded once however many tests compare against it."""
+    from kerneltriage.backends.torch.backend import BACKEND
+    from kerneltriage.engine.configuration import RunConfig
+    from kerneltriage.engine.generation import generate_step
+    from kerneltriage.engine.sampling import SamplingParams
+
+    cache: dict[tuple, list[int]] = {}
+
+    def greedy(prompt: list[int], new: int, levers: str = "") -> list[int]:
+        key = (tuple(prompt), new, levers)
+        if key not in cache:
+            runner = BACKEND.build(default_checkpoint, RunConfig.from_flags(levers), "cuda", "float32")
+            cache[key] = list(generate_step(runner, prompt, SamplingParams(), new))
+            BACKEND.release(runner)
+        return cache[key]
+
+    return greedy
