@@ -28,8 +28,8 @@ def climb(effects: dict[str, Effect], only: set[str], favor: str = "balanced", s
     root = backend.build(fake_checkpoint(), RunConfig())
     trials = Trials(backend, root, WORKLOAD, BUDGET, CEILINGS)
 
-    def propose(config, breakdowns):  # noqa: ANN001, ANN202
-        found, refused = candidates(config, root.place, breakdowns)
+    def propose(config, breakdowns, start):  # noqa: ANN001, ANN202
+        found, refused = candidates(config, root.place, breakdowns, reference=start)
         return [c for c in found if c.text in only], [r for r in refused if r.text in only]
 
     ladder, final = Climb(trials, propose, favor).run(root.run_config)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from kerneltriage.bench.ab_report import Report, checklist, describe
-from kerneltriage.bench.equivalence import Correctness, check_outputs, check_timed
+from kerneltriage.bench.equivalence import Correctness, Outputs, check_outputs, check_timed
 from kerneltriage.bench.harness import Sample, decode_sample, prefill_sample, prompts_sample
 from kerneltriage.bench.workloads import PromptSet, Test, check_fits, expand, tokens_for
 from kerneltriage.core import sequential, stats, verdict
@@ -263,19 +263,20 @@ def _executions(runners: Mapping[str, Runner]) -> dict[str, dict[str, int]]:
 def run_ab(backend: Backend, runners: Mapping[str, Runner], settings: Settings, progress: Progress,
            shares: Mapping[str, float] | None = None,
            baseline_evidence: Mapping[str, str | None] | None = None,
-           noise: Mapping[str, Noise] | None = None) -> Report:
+           noise: Mapping[str, Noise] | None = None, kept: Outputs | None = None) -> Report:
     """Correctness, then every phase (A/A and A/B blocks), then the sustained window; checklist and verdict.
 
     `shares`: phase → the changed op's measured share of that phase (for no-lever); `baseline_evidence`:
     check → problem found in the baseline, or None when it passed (answers checklist point 3); `noise`: phase → an
-    A/A block measured before against this very A (then no A' is needed). With `settings.winners_only` the
-    outputs are checked after the timing, where it shows a win."""
+    A/A block measured before against this very A (then no A' is needed); `kept`: outputs earlier checks computed
+    (A's digest and rows, reused when the same A is checked again). With `settings.winners_only` the outputs are
+    checked after the timing, where it shows a win."""
     a, b = runners["A"], runners["B"]
     check_fits(settings.tests, a.config.max_context)
     if settings.context_needed > a.config.max_context:
         raise InputError(f"--prompts {settings.prompt_set.name}: the longest prompt ({settings.prompt_set.longest} "
                          f"tokens) and {settings.gen} new ones exceed the model's context of {a.config.max_context}")
-    correctness = None if settings.winners_only else _checked(backend, a, b, progress)
+    correctness = None if settings.winners_only else _checked(backend, a, b, progress, kept)
     for runner in runners.values():  # one cache for every test, the same size on all three: reused, never reallocated
         runner.drop_cache()  # the correctness check left bigger caches on A and B than on A'
         runner.reset_cache(settings.context_needed)
@@ -290,7 +291,7 @@ def run_ab(backend: Backend, runners: Mapping[str, Runner], settings: Settings, 
     if correctness is None:
         timing = verdict.timing_verdict({p.test.phase: p.verdict for p in phases}, [p.test.phase for p in phases
                                                                                    if p.slower])
-        correctness = (_checked(backend, a, b, progress) if timing.verdict in ("win", "traded")
+        correctness = (_checked(backend, a, b, progress, kept) if timing.verdict in ("win", "traded")
                        else Correctness.unchecked())
     if correctness.checked:
         correctness = _with_timed(backend, a, b, correctness, phases, settings)
@@ -306,9 +307,12 @@ def run_ab(backend: Backend, runners: Mapping[str, Runner], settings: Settings, 
     return report
 
 
-def _checked(backend: Backend, a: Runner, b: Runner, progress: Progress) -> Correctness:
+def _checked(backend: Backend, a: Runner, b: Runner, progress: Progress, kept: Outputs | None = None
+             ) -> Correctness:
     progress("checking outputs")
-    return check_outputs(backend, a, b)
+    began = time.perf_counter()
+    checked = check_outputs(backend, a, b, kept)
+    return dataclasses.replace(checked, seconds=time.perf_counter() - began)
 
 
 def _load_contention(report: Report) -> str | None:
@@ -328,7 +332,7 @@ def _with_timed(backend: Backend, a: Runner, b: Runner, correctness: Correctness
     prefixes = settings.prompt_set.prompts if settings.prompt_set else [tokens_for(decode.test, a.config.vocab_size).prefix]
     for i, prefix in enumerate(prefixes):
         runs = (tokens[i * size:(i + 1) * size] for tokens in decode.tokens)
-        timed = check_timed(backend, a, b, prefix, *runs)
+        timed = check_timed(backend, a, b, prefix, *runs, semantic=correctness.semantic_error is None)
         if timed is not None:
             return dataclasses.replace(correctness, timed=f"prompt {i}: {timed}" if settings.prompt_set else timed)
     return correctness

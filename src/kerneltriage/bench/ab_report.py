@@ -67,7 +67,7 @@ class Report:
         c = self.correctness
         return {"verdict": self.verdict.verdict, "reason": self.verdict.reason,
                 "phases": [p.to_dict() for p in self.phases],
-                "correctness": {"passed": c.passed, "checked": c.checked, "detail": c.detail, "digest_a": c.digest_a,
+                "correctness": {"passed": c.passed, "checked": c.checked, "seconds": c.seconds, "detail": c.detail, "digest_a": c.digest_a,
                                 "digest_b": c.digest_b, "tokens": c.tokens, "logit_error": c.logit_error,
                                 "reference": c.reference, "error_a": c.error_a, "tolerance": c.tolerance,
                                 "seams": {s: list(e) for s, e in c.seams.items()}, "timed": c.timed,

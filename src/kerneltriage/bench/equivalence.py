@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 
@@ -45,6 +45,7 @@ DIGEST_SEED = WORKLOAD_SEED + 1
 LOGIT_RTOL = 1e-4  # float32 A: ‖B − A‖ / ‖A‖
 REFERENCE_FACTOR = 1.5  # bf16/fp16: ‖B − R‖ ≤ 1.5 × ‖A − R‖ (R: float32 on the same weights) …
 LOGIT_FLOOR = 1e-3  # … never asked to beat this
+T = TypeVar("T")
 SEAM_FLOORS = {"float32": 1e-4}  # per-op checks: the error no op needs to beat, by dtype (else LOGIT_FLOOR)
 
 
@@ -66,6 +67,7 @@ class Correctness:
     seams: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     timed: str | None = None
     checked: bool = True  # False: not compared, because the timing showed no win (`ab`'s winners-only check)
+    seconds: float = 0.0  # what the check took
 
     @classmethod
     def unchecked(cls) -> "Correctness":
@@ -119,11 +121,35 @@ class Correctness:
         return "; ".join(parts)
 
 
-def token_digest(runner: Runner, prompts: Sequence[Sequence[int]], tokens: int) -> tuple[str, list[list[int]]]:
+class Outputs:
+    """A runner's outputs already computed in this process — its greedy digest and its teacher-forced rows — kept for
+    the next check against the same runner (triage's climb checks each winner against one base). They are a
+    deterministic function of the weights, the configuration, the dtype and the tokens, which the key names; a
+    float32 reference built for one check is never kept (its weights are whichever runner it upcast)."""
+
+    def __init__(self) -> None:
+        self.kept: dict[tuple, object] = {}
+
+    def get(self, runner: Runner, what: tuple, make: Callable[[], T]) -> T:
+        key = (id(runner.checkpoint), runner.run_config.text, runner.dtype, *what)
+        if key not in self.kept:
+            self.kept[key] = make()
+        return self.kept[key]  # type: ignore[return-value]
+
+
+def _frozen(rows: Sequence[Sequence[int]]) -> tuple:
+    return tuple(tuple(r) for r in rows)
+
+
+def token_digest(runner: Runner, prompts: Sequence[Sequence[int]], tokens: int, kept: Outputs | None = None
+                 ) -> tuple[str, list[list[int]]]:
     """sha256 of the greedy continuations of `prompts` through the runner's own prefill and token loop, and the
     continuations."""
-    ids = [list(generate_step(runner, prompt, GREEDY, tokens)) for prompt in prompts]
-    return hashlib.sha256(json.dumps(ids).encode()).hexdigest(), ids
+    def make() -> tuple[str, list[list[int]]]:
+        ids = [list(generate_step(runner, prompt, GREEDY, tokens)) for prompt in prompts]
+        return hashlib.sha256(json.dumps(ids).encode()).hexdigest(), ids
+
+    return make() if kept is None else kept.get(runner, ("digest", _frozen(prompts), tokens), make)
 
 
 def relative_error(rows: np.ndarray, reference: np.ndarray) -> float:
@@ -132,14 +158,20 @@ def relative_error(rows: np.ndarray, reference: np.ndarray) -> float:
 
 
 def forced_rows(runner: Runner, prompts: Sequence[Sequence[int]], count: int,
-                fed: Sequence[Sequence[int]] | None = None) -> tuple[np.ndarray, list[list[int]]]:
+                fed: Sequence[Sequence[int]] | None = None, kept: Outputs | None = None
+                ) -> tuple[np.ndarray, list[list[int]]]:
     """All prompts' teacher-forced logits stacked (prompts × count, V), and the tokens fed (None: its own)."""
-    rows, tokens = [], []
-    for i, prompt in enumerate(prompts):
-        logits, given = runner.forced_logits(prompt, None if fed is None else fed[i], count)
-        rows.append(logits)
-        tokens.append(given)
-    return np.concatenate(rows), tokens
+    def make() -> tuple[np.ndarray, list[list[int]]]:
+        rows, tokens = [], []
+        for i, prompt in enumerate(prompts):
+            logits, given = runner.forced_logits(prompt, None if fed is None else fed[i], count)
+            rows.append(logits)
+            tokens.append(given)
+        return np.concatenate(rows), tokens
+
+    if kept is None:
+        return make()
+    return kept.get(runner, ("forced", _frozen(prompts), count, None if fed is None else _frozen(fed)), make)
 
 
 def _decode_path(runner: Runner) -> bool:
@@ -165,23 +197,25 @@ def tolerant(a: Runner, b: Runner) -> bool:
 
 
 def judge_logits(backend: Backend, a: Runner, b: Runner, prompts: Sequence[Sequence[int]], count: int,
-                 allow: bool, fed: Sequence[Sequence[int]]) -> dict:
+                 allow: bool, fed: Sequence[Sequence[int]], kept: Outputs | None = None, semantic: bool = True
+                 ) -> dict:
     """B's logit error and its bound (None when differences are not allowed: equal tokens are then required),
-    teacher-forced on A's greedy tokens `fed` (one flipped near-tie does not derail the rest)."""
+    teacher-forced on A's greedy tokens `fed` (one flipped near-tie does not derail the rest). Without `semantic`
+    the float32 rebuild of B's configuration is skipped (a check on other tokens already judged it)."""
     if a.dtype == "float32":
-        ref = forced_rows(a, prompts, count, fed)[0]
-        error = relative_error(forced_rows(b, prompts, count, fed)[0], ref)
+        ref = forced_rows(a, prompts, count, fed, kept)[0]
+        error = relative_error(forced_rows(b, prompts, count, fed, kept)[0], ref)
         return {"logit_error": error, "tolerance": LOGIT_RTOL if allow else None}
     reference = backend.float32_reference(a)  # one float32 model at a time: an 8B one is 32 GB
     try:
         ref = forced_rows(reference, prompts, count, fed)[0]
     finally:
         backend.release(reference)
-    error_a, error_b = (relative_error(forced_rows(r, prompts, count, fed)[0], ref) for r in (a, b))
+    error_a, error_b = (relative_error(forced_rows(r, prompts, count, fed, kept)[0], ref) for r in (a, b))
     # B's levers in float32 against stock float32 on B's own weights: where B holds other values than A (quantized
     # keeps the exact block values, A their bf16 roundings), A's reference would charge that rounding to the lever
     semantic = relative_error(*(_float32_rows(backend, b, config, prompts, count, fed)
-                                for config in (b.run_config, None)))
+                                for config in (b.run_config, None))) if semantic else None
     tolerance = max(REFERENCE_FACTOR * error_a, LOGIT_FLOOR) if allow else None
     return {"logit_error": error_b, "tolerance": tolerance, "reference": "float32", "error_a": error_a,
             "semantic_error": semantic}
@@ -214,11 +248,11 @@ def judge_quality(a: Runner, b: Runner, prompts: Sequence[Sequence[int]], count:
     return {q.text: (value, q.holds(value)) for q in declared for value in [q.measure(ref, rows)]}
 
 
-def check_outputs(backend: Backend, a: Runner, b: Runner) -> Correctness:
+def check_outputs(backend: Backend, a: Runner, b: Runner, kept: Outputs | None = None) -> Correctness:
     """Correctness before speed: digests, then logits where they may differ (or do), then the per-op checks — or,
-    for a lever that approximates, its declared quality metric."""
+    for a lever that approximates, its declared quality metric. `kept`: outputs computed by earlier checks, reused."""
     prompts, count = digest_prompts(a, b)
-    (digest_a, tokens_a), (digest_b, _) = token_digest(a, prompts, count), token_digest(b, prompts, count)
+    (digest_a, tokens_a), (digest_b, _) = token_digest(a, prompts, count, kept), token_digest(b, prompts, count, kept)
     quality = judge_quality(a, b, prompts, count, tokens_a)
     if quality:
         return Correctness(digest_a, digest_b, count, quality=quality)
@@ -227,14 +261,15 @@ def check_outputs(backend: Backend, a: Runner, b: Runner) -> Correctness:
     # stays close (equal greedy tokens can hide a small systematic error).
     if digest_a == digest_b and not (a.run_config.changes_numerics or b.run_config.changes_numerics):
         return Correctness(digest_a, digest_b, count, seams=seams)
-    judged = judge_logits(backend, a, b, prompts, count, tolerant(a, b), tokens_a)
+    judged = judge_logits(backend, a, b, prompts, count, tolerant(a, b), tokens_a, kept)
     return Correctness(digest_a, digest_b, count, **judged, seams=seams)
 
 
 def check_timed(backend: Backend, a: Runner, b: Runner, prefix: Sequence[int], tokens_a: Sequence[int],
-                tokens_b: Sequence[int]) -> str | None:
+                tokens_b: Sequence[int], semantic: bool = True) -> str | None:
     """The timed decode runs' own tokens: None when they agree, or when they differ within the logit bound
-    (teacher-forced on the timed prefix); else what differs."""
+    (teacher-forced on the timed prefix); else what differs. Without `semantic`: B's configuration in float32 was
+    judged already (by check_outputs), so only the precision bound is checked on these tokens."""
     if list(tokens_a) == list(tokens_b):
         return None
     first = next(i for i, (x, y) in enumerate(zip(tokens_a, tokens_b)) if x != y) if tokens_a else 0
@@ -245,7 +280,7 @@ def check_timed(backend: Backend, a: Runner, b: Runner, prefix: Sequence[int], t
     if quality:
         failed = [f"{name} = {value:.4g}" for name, (value, holds) in quality.items() if not holds]
         return f"{where}, declared quality fails: {', '.join(failed)}" if failed else None
-    judged = judge_logits(backend, a, b, [list(prefix)], len(tokens_a), True, [list(tokens_a)])
+    judged = judge_logits(backend, a, b, [list(prefix)], len(tokens_a), True, [list(tokens_a)], semantic=semantic)
     if judged["logit_error"] <= judged["tolerance"] and (judged.get("semantic_error") or 0.0) <= LOGIT_RTOL:
         return None
     return f"{where}, logits off by {judged['logit_error']:.1e} (bound {judged['tolerance']:.1e})"

@@ -74,20 +74,22 @@ def _gains(shares: Mapping[str, float]) -> dict[str, float]:
     return {phase: amdahl_ceiling(min(share, 1.0)) for phase, share in shares.items()}
 
 
-def _candidate(config: RunConfig, setting: LeverSetting, breakdowns: Mapping[str, Breakdown], backend: str
-               ) -> Candidate:
-    shares, expected = lever_shares(setting, breakdowns), _gains(estimated_shares(setting, breakdowns))
+def _candidate(config: RunConfig, setting: LeverSetting, breakdowns: Mapping[str, Breakdown], backend: str,
+               reference: Mapping[str, Breakdown] | None) -> Candidate:
+    shares = lever_shares(setting, breakdowns)
+    expected = _gains(estimated_shares(setting, breakdowns, reference))
     estimate = math.inf if len(expected) < 2 else max(expected.values())
     return Candidate(setting.text, setting.lever.question, config.plus(setting), _gains(shares),
                      setting.lever.warmup_seconds(backend), shares, estimate)
 
 
 def candidates(config: RunConfig, place: Place, breakdowns: Mapping[str, Breakdown], budget: str = "quick",
-               kernels: Sequence[str] = (), speculate: bool = False, routed: frozenset[str] | None = None
-               ) -> tuple[list[Candidate], list[Refused]]:
+               kernels: Sequence[str] = (), speculate: bool = False, routed: frozenset[str] | None = None,
+               reference: Mapping[str, Breakdown] | None = None) -> tuple[list[Candidate], list[Refused]]:
     """The round's candidates, most promising first (largest ceiling; ties in the questions' order), and what the
     table or the budget refuses. A lever already on (with any value) is not a candidate; a gated one (it routes
-    attention elsewhere) only where the gate audit named it (`routed`; None: every one)."""
+    attention elsewhere) only where the gate audit named it (`routed`; None: every one). `reference`: a profile that
+    attributes op classes (the start's), for the expected gains of a step whose profile does not (a graph replay)."""
     if budget not in BUDGETS:
         raise ValueError(f"budget {budget!r}: expected one of {BUDGETS}")
     found, refused = [], []
@@ -104,7 +106,7 @@ def candidates(config: RunConfig, place: Place, breakdowns: Mapping[str, Breakdo
             if why is not None:
                 refused.append(Refused(setting.text, why))
                 continue
-            found.append(_candidate(config, setting, breakdowns, place.backend))
+            found.append(_candidate(config, setting, breakdowns, place.backend, reference))
     if speculate and config.speculation is None:
         found += [Candidate(f"spec={source}", SPEC_QUESTION, RunConfig(config.levers, Speculation(source)), {})
                   for source in LOOKUP_SOURCES]

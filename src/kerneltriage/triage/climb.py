@@ -54,6 +54,9 @@ class Bench(Protocol):
 
     def base(self, config: RunConfig) -> Base: ...
 
+    def profiled(self, base: Base) -> Base:
+        """The base with every phase profiled (a round's ceilings need them all)."""
+
     def judge(self, base: Base, candidate: Candidate) -> tuple[LeverResult | None, str, float]:
         """`ab` of base + candidate against base: (the result, or None with why it could not be built; its warm-up
         seconds)."""
@@ -64,7 +67,8 @@ class Bench(Protocol):
         """Seconds since the climb began."""
 
 
-Propose = Callable[[RunConfig, Mapping[str, object]], tuple[list[Candidate], list[Refused]]]
+# (configuration, its profile, the start's profile) → the candidates on top of it and what is refused
+Propose = Callable[[RunConfig, Mapping[str, object], Mapping[str, object]], tuple[list[Candidate], list[Refused]]]
 Tell = Callable[[str], None]
 
 
@@ -112,6 +116,8 @@ class Climb:
         """Climb from `start`; the ladder, and the final configuration's base (the caller releases it)."""
         began = self.bench.elapsed()
         base = self.bench.base(start)
+        base = self.bench.profiled(base)
+        self._start = dict(base.breakdowns)  # the start's profile: op classes for steps whose profile has none
         ladder = Ladder([Rung("", "", base.standing())], bases=[(start.label, self.bench.elapsed() - began)])
         for number in range(1, MAX_ROUNDS + 1):
             if self.spent:
@@ -129,7 +135,8 @@ class Climb:
         return ladder, base
 
     def _round(self, number: int, base: Base, ladder: Ladder) -> tuple[Base, bool]:
-        found, refused = self.propose(base.config, base.breakdowns)
+        base = self.bench.profiled(base)
+        found, refused = self.propose(base.config, base.breakdowns, self._start)
         ladder.refused = refused
         trials = self._try_all(number, base, found, ladder)
         winners = sorted((t for t in trials if self._gain(t, base) is not None),
@@ -197,7 +204,7 @@ class Climb:
 
     def _confirm(self, number: int, base: Base, text: str, ladder: Ladder) -> Trial | None:
         """The round's winner `text` again, on top of what was adopted since: the trial if it wins there."""
-        found, _ = self.propose(base.config, base.breakdowns)
+        found, _ = self.propose(base.config, base.breakdowns, self._start)
         candidate = next((c for c in found if c.text == text), None)
         if candidate is None:
             return None  # what was adopted since refuses it (a clash)
@@ -212,7 +219,7 @@ class Climb:
                    and any((t.ratio(p) or 1.0) > 1.0 for p in base.bands)]
         config, members = base.config, []
         for candidate in leaning:
-            found, _ = self.propose(config, base.breakdowns)
+            found, _ = self.propose(config, base.breakdowns, self._start)
             joined = next((c for c in found if c.text == candidate.text), None)
             if joined is not None:
                 config, members = joined.config, members + [joined]

@@ -25,20 +25,23 @@ CONFIRM_PAIRS = 8  # the final confirmation of the start against the final confi
 
 def climb(backend: Backend, runner: Runner, workload: Workload, budget: Budget, setup: Mapping[str, Any],
           evidence: Mapping[str, str | None], options: Any, tell: Callable[[str], None],
-          routed: frozenset[str] = frozenset()) -> tuple[Ladder, dict[str, Breakdown]]:
+          routed: frozenset[str] = frozenset(), known: Mapping[str, dict[str, Breakdown]] | None = None
+          ) -> tuple[Ladder, dict[str, Breakdown]]:
     """The ladder from the runner's configuration, confirmed against it, and the final configuration's profile.
-    `routed`: the attention levers the gate audit named (the only gated levers tried)."""
+    `routed`: the attention levers the gate audit named (the only gated levers tried); `known`: profiles already made
+    (configuration text → phase → breakdown: the start's, from triage's own profile)."""
     trials = Trials(backend, runner, workload, budget, Ceilings(**setup["ceilings"]), evidence, tell,
-                    options.prompt_set)
+                    options.prompt_set, known=dict(known))
     place = runner.place
 
-    def propose(config: RunConfig, breakdowns: Mapping[str, Breakdown]) -> tuple[list, list]:
+    def propose(config: RunConfig, breakdowns: Mapping[str, Breakdown], start: Mapping[str, Breakdown]
+                ) -> tuple[list, list]:
         return candidates(config, place, breakdowns, options.budget, options.kernels,
-                          speculate=options.prompt_set is not None, routed=routed)
+                          speculate=options.prompt_set is not None, routed=routed, reference=start)
 
-    seconds = budget.climb_seconds[options.budget]
+    seconds = budget.climb_limit(options.budget, setup["model"]["weight_bytes_per_token"])
     ladder, final = Climb(trials, propose, options.favor, seconds, tell).run(runner.run_config)
-    profile = dict(final.breakdowns)
+    profile = dict(trials.profiled(final).breakdowns)
     try:
         if ladder.final != ladder.start:
             tell("confirming the final configuration against the start")
@@ -59,7 +62,7 @@ def confirm(backend: Backend, root: Runner, final: Any, trials: Trials) -> dict[
     candidate = backend.copy(root, final.config)
     try:
         report = ab.run_ab(backend, {"A": root, "B": candidate}, settings, lambda what: None,
-                           noise=trials.start_noise)
+                           noise=trials.start_noise, kept=trials.kept)
     except InputError as exc:
         return {"verdict": "invalid", "reason": str(exc)}
     finally:

@@ -186,7 +186,8 @@ def stage_climb(state: _State) -> None:
     routed = frozenset(f.lever for f in state.findings if f.lever and f.question == "fast-path")
     state.ladder, state.final = climbing.climb(state.backend, state.runner, state.workload, state.budget,
                                                state.setup, baseline_evidence(state.gates), state.options,
-                                               state.tell, routed)
+                                               state.tell, routed,
+                                               {state.runner.run_config.text: dict(state.breakdown)})
     state.findings += climbing.findings(state.ladder)
     step = graphed.final_step(state.final.get("decode"), state.ladder.final)
     found = q3_dispatch.graphed_step(step, state.breakdown["decode"].class_kernels,

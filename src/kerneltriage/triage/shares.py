@@ -38,19 +38,35 @@ def lever_shares(setting: LeverSetting, breakdowns: Mapping[str, Breakdown]) -> 
     return shares
 
 
-def estimated_shares(setting: LeverSetting, breakdowns: Mapping[str, Breakdown]) -> dict[str, float]:
+def estimated_shares(setting: LeverSetting, breakdowns: Mapping[str, Breakdown],
+                     reference: Mapping[str, Breakdown] | None = None) -> dict[str, float]:
     """phase → the share the lever is expected to change, for ordering candidates (not for verdicts): a model-stage
-    lever moves the host gap only in proportion to the kernels of its op classes, where the profile attributes
-    kernels to classes; otherwise the ceiling's share (`lever_shares`)."""
+    lever moves the host gap only in proportion to the kernels of its op classes, where a profile attributes kernels
+    to classes. A step replayed from a graph attributes nothing: its op classes are then taken from `reference` (a
+    profile that did, of the same model), as fractions of the step's device time. Else the ceiling's share."""
     shares = lever_shares(setting, breakdowns)
     classes = {cls for seam in setting.lever.seams for cls in SEAM_CLASSES.get(seam, ())}
-    for phase in list(shares):
-        b = breakdowns[phase]
+    if setting.lever.stage != "model" or not classes:
+        return shares
+    for phase in [p for p in shares if p in setting.lever.phases]:
+        b = _attributed(breakdowns[phase], (reference or {}).get(phase), classes)
+        ops = sum(b.shares.get(cls, 0.0) for cls in classes)
         counted = sum(b.class_kernels.get(cls, 0.0) for cls in classes)
-        if setting.lever.stage == "model" and phase in setting.lever.phases and counted and b.kernels_per_token:
-            ops = sum(b.shares.get(cls, 0.0) for cls in classes)
-            shares[phase] = min(1.0, ops + b.gap_share * min(1.0, counted / b.kernels_per_token))
+        fraction = min(1.0, counted / b.kernels_per_token) if counted and b.kernels_per_token else 1.0
+        shares[phase] = min(1.0, ops + b.gap_share * fraction)
     return shares
+
+
+def _attributed(step: Breakdown, reference: Breakdown | None, classes: set[str]) -> Breakdown:
+    """`step`, or — where it names none of `classes` and `reference` does — `step` with its device time split as
+    `reference` splits its own (kernel counts too)."""
+    if reference is None or any(cls in step.class_seconds for cls in classes) or not reference.device_seconds:
+        return step
+    scale = step.device_seconds / reference.device_seconds
+    counts = reference.kernels_per_token or 1.0
+    return Breakdown(step.phase, step.step_seconds, {c: s * scale for c, s in reference.class_seconds.items()},
+                     step.host_seconds, step.kernels_per_token,
+                     class_kernels={c: n * step.kernels_per_token / counts for c, n in reference.class_kernels.items()})
 
 
 def seam_shares(seam: str, breakdowns: Mapping[str, Breakdown]) -> dict[str, float]:

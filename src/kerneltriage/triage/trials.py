@@ -8,7 +8,7 @@ A/B blocks are sequential (`core/sequential.py`): a clear win or a hopeless cand
 checked for the candidates whose timing wins (`ab`'s winners-only check), not for every candidate.
 
 How many pairs a base gets follows its own speed: NOISE_SECONDS of A/A pairs, between the device's least and most
-(an eager decode on the H200 takes 0.35 s a sample, a graphed one 10 ms: 8 pairs of the first, 24 of the second).
+(an eager decode on the H200 takes 0.35 s a sample, a graphed one 10 ms: 5 pairs of the first, 20 of the second).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from kerneltriage.triage.ladder import Standing
 from kerneltriage.triage.measure import LeverResult
 from kerneltriage.triage.setup import Budget, Workload
 
-NOISE_SECONDS = {"cuda": 1.5, "cpu": 3.0}  # wall seconds of A/A pairs a base gets, both phases together
+NOISE_SECONDS = {"cuda": 1.0, "cpu": 3.0}  # wall seconds of A/A pairs a base gets, both phases together
 
 
 @dataclass
@@ -83,8 +83,10 @@ class Trials:
     evidence: Mapping[str, str | None] = field(default_factory=dict)
     tell: Callable[[str], None] = lambda what: None
     prompt_set: Any = None  # the user's prompts: every decode sample runs over them
+    known: dict[str, dict[str, Breakdown]] = field(default_factory=dict)  # config text → a profile already made
     began: float = field(default_factory=time.perf_counter)
     start_noise: dict[str, ab.Noise] | None = None  # the user's configuration's A/A, kept for the final confirmation
+    kept: ab.Outputs = field(default_factory=ab.Outputs)  # outputs checks computed, reused by later checks
 
     @property
     def template(self) -> ab.Settings:
@@ -97,7 +99,8 @@ class Trials:
 
     def base(self, config: RunConfig) -> TrialBase:
         """Build (or take the user's runner), size the pairs by a warm-up sample, measure the A/A noise of each
-        phase against a twin, then profile both phases."""
+        phase against a twin, then profile decode (its kernels per token); `profiled` adds prefill where a round
+        needs both."""
         own = config != self.root.run_config
         runner = self.backend.copy(self.root, config) if own else self.root
         twin = self.backend.copy(self.root, config)
@@ -107,10 +110,16 @@ class Trials:
                      for t in settings.tests}
         finally:
             self.backend.release(twin)
-        base = TrialBase(config, runner, settings, noise, {}, self.workload, self._floors(settings), own)
-        base.breakdowns = self._profile(base)
+        base = TrialBase(config, runner, settings, noise, dict(self.known.get(config.text, {})), self.workload,
+                         self._floors(settings), own)
+        self._profile(base, ("decode",))
         if not own and self.start_noise is None:
             self.start_noise = noise
+        return base
+
+    def profiled(self, base: TrialBase) -> TrialBase:
+        """The base with both phases profiled (what a round's ceilings need)."""
+        self._profile(base, ("prefill", "decode"))
         return base
 
     def _sized(self, runner: Runner, twin: Runner) -> ab.Settings:
@@ -138,17 +147,15 @@ class Trials:
         return {t.phase: floor_of(t, config, traffic, self.ceilings).seconds * settings.tokens_per_sample(t) / t.n
                 for t in settings.tests}
 
-    def _profile(self, base: TrialBase) -> dict[str, Breakdown]:
-        """Both phases profiled once; step seconds from the A/A block's first side (unprofiled)."""
+    def _profile(self, base: TrialBase, phases: tuple[str, ...]) -> None:
+        """Profile the phases not profiled yet; step seconds from the A/A block's first side (unprofiled)."""
         runner, settings = base.runner, base.settings
-        found = {}
-        for test in settings.tests:
+        for test in (t for t in settings.tests if t.phase in phases and t.phase not in base.breakdowns):
             tokens = tokens_for(test, runner.config.vocab_size)
             what = tokens.prompt if test.kind == "pp" else min(test.n, self.budget.profile_steps)
             profile = self.backend.profile(runner, test.phase, tokens.prefix, what)
             passes = 1 if test.kind == "pp" else settings.tokens_per_sample(test)
-            found[test.phase] = from_profile(profile, base.noise[test.phase].aa[0].median / passes, None)
-        return found
+            base.breakdowns[test.phase] = from_profile(profile, base.noise[test.phase].aa[0].median / passes, None)
 
     def judge(self, base: TrialBase, candidate: Candidate) -> tuple[LeverResult | None, str, float]:
         """`ab` of base + candidate (B) against the base (A), the base's noise reused."""
@@ -162,7 +169,7 @@ class Trials:
             settings = dataclasses.replace(base.settings, warmups=max(1, self.budget.warmups))
             report = ab.run_ab(self.backend, {"A": base.runner, "B": runner}, settings,
                                lambda what: self.tell(f"{candidate.text}: {what}"), candidate.shares, self.evidence,
-                               base.noise)
+                               base.noise, self.kept)
         except InputError as exc:
             return None, f"refused when run: {exc}", built
         finally:
