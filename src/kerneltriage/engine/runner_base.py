@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
+from kerneltriage.engine.levers import Place
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -38,6 +40,8 @@ class RunnerBase:
 
     model: Any
     checkpoint: Any
+    backend: str
+    device_type: str
     run_config: Any
     cache_type: type
     cache_slack: int
@@ -51,6 +55,11 @@ class RunnerBase:
     @property
     def levers(self) -> tuple[str, ...]:
         return self.run_config.lever_names
+
+    @property
+    def place(self) -> Place:
+        """Where levers would run: the backend, device type, architecture and the model's named seams."""
+        return Place(self.backend, self.device_type, self.config.arch, self.model.SEAMS)
 
     # the cache
     def reset_cache(self, needed: int, batch: int = 1) -> Any:

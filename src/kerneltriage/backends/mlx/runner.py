@@ -25,7 +25,6 @@ from kerneltriage.core.roofline import DTYPE_BYTES
 from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.decoding import TokenLoop, plain_loop
-from kerneltriage.engine.levers import Place
 from kerneltriage.engine.runner_base import RunnerBase, decode_one, prefill, verify_rows
 from kerneltriage.engine.sampling import SamplingParams
 
@@ -81,10 +80,6 @@ class Runner(RunnerBase):
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
-
-    @property
-    def place(self) -> Place:
-        return Place(self.backend, self.device_type, self.config.arch, self.model.SEAMS)
 
     @property
     def gpu_index(self) -> int | None:

@@ -19,7 +19,6 @@ from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.decoding import TokenLoop, plain_loop
 from kerneltriage.engine.runner_base import RunnerBase, decode_one, prefill, verify_rows
-from kerneltriage.engine.levers import Place
 from kerneltriage.engine.sampling import SamplingParams
 from kerneltriage.engine.speculative.resident import WIDEST
 from kerneltriage.engine.speculative.tree import TokenTree
@@ -94,10 +93,6 @@ class Runner(RunnerBase):
     @property
     def device_type(self) -> str:
         return self.device.type
-
-    @property
-    def place(self) -> Place:
-        return Place(self.backend, self.device_type, self.config.arch, self.model.SEAMS)
 
     @property
     def dtype(self) -> str:
