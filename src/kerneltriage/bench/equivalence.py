@@ -1,8 +1,9 @@
 """Correctness before speed: does B compute what A computes? Greedy token digests, a logit tolerance where the
 arithmetic may differ, per-op checks at the model's real shapes, and the timed runs' own tokens.
 
-- Digests: greedy continuations of random prompts through each runner's own prefill and token loop. A lever on
-  the decode path is checked over WINDOW_TOKENS generated tokens, past a graph window boundary (256 slots).
+- Digests: greedy continuations of random prompts through each runner's own prefill and token loop. Where what B
+  changes against A acts on the decode path, it is checked over WINDOW_TOKENS generated tokens, past a graph window
+  boundary (256 slots).
 - Where digests may differ (a lever that reorders the arithmetic, speculation's verify of k+1 rows, random
   weights whose near-flat logits make greedy ties common), logits decide, teacher-forced on the reference's
   tokens over the same positions. The error is the relative L2 distance over every logit row,
@@ -34,6 +35,7 @@ from kerneltriage.bench.harness import GREEDY
 from kerneltriage.bench.workloads import WORKLOAD_SEED, token_stream
 from kerneltriage.engine.backend import Backend, Runner
 from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.engine.levers import LeverSetting
 from kerneltriage.engine.generation import generate_step
 from kerneltriage.engine.quality import Quality
 
@@ -174,19 +176,28 @@ def forced_rows(runner: Runner, prompts: Sequence[Sequence[int]], count: int,
     return kept.get(runner, ("forced", _frozen(prompts), count, None if fed is None else _frozen(fed)), make)
 
 
-def _decode_path(runner: Runner) -> bool:
-    """A lever acts on the decode step or loop, or speculation replaces the loop."""
-    return runner.speculation is not None or any(
-        (s.lever.stage != "model" and "decode" in s.lever.phases) or s.lever.phases == ("decode",)
-        for s in runner.run_config.levers)
+def _on_decode_path(setting: LeverSetting) -> bool:
+    """A lever that acts on the decode step or loop (a step or loop lever of decode, or a decode-only one)."""
+    lever = setting.lever
+    return (lever.stage != "model" and "decode" in lever.phases) or lever.phases == ("decode",)
+
+
+def _decode_path(a: Runner, b: Runner) -> bool:
+    """What B changes against A (levers on one side only, or the speculation) acts on the decode step or loop: its
+    check then runs past a graph window. What both sides share is not under test (a climb's base is graphed; a
+    norm lever on top of it changes what the graph holds, not how windows are crossed)."""
+    if a.run_config.speculation != b.run_config.speculation or (a.speculation is None) != (b.speculation is None):
+        return True
+    mine, theirs = set(a.run_config.levers), set(b.run_config.levers)
+    return any(_on_decode_path(s) for s in mine ^ theirs)
 
 
 def digest_prompts(a: Runner, b: Runner) -> tuple[list[list[int]], int]:
-    """The prompts and generated tokens of the digest: WINDOW_TOKENS after one prompt where a side changes the
-    decode path (as far as the context allows), else DIGEST_TOKENS after each of DIGEST_PROMPTS prompts."""
+    """The prompts and generated tokens of the digest: WINDOW_TOKENS after one prompt where B changes the decode
+    path against A (as far as the context allows), else DIGEST_TOKENS after each of DIGEST_PROMPTS prompts."""
     stream = token_stream(a.config.vocab_size, DIGEST_PROMPTS * DIGEST_PROMPT_TOKENS, DIGEST_SEED)
     prompts = [stream[i:i + DIGEST_PROMPT_TOKENS] for i in range(0, len(stream), DIGEST_PROMPT_TOKENS)]
-    if _decode_path(a) or _decode_path(b):
+    if _decode_path(a, b):
         return prompts[:1], min(WINDOW_TOKENS, a.config.max_context - DIGEST_PROMPT_TOKENS - 1)
     return prompts, DIGEST_TOKENS
 

@@ -44,8 +44,13 @@ class TorchBackend:
         return reference if config is None else apply_config(reference, config)
 
     def release(self, runner: Runner) -> None:
-        """Drop the runner's cache and collect (lever closures hold cycles): a large copy must not linger."""
+        """Free what the runner holds now, weights included, whoever still refers to it (lever closures hold
+        cycles, and the caller's own variable is alive while it releases): a large copy must not linger. The runner
+        is unusable after."""
         runner.drop_cache()
+        with torch.no_grad():
+            for tensor in (*runner.model.parameters(), *runner.model.buffers()):
+                tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
         gc.collect()
         if runner.device.type == "cuda":
             torch.cuda.empty_cache()
