@@ -1,0 +1,63 @@
+"""The checks the climb leans on: a stock runner's greedy continuation verified over another runner's tokens equals
+its own token loop's, whatever the draft; an exact difference between two configurations is recognised from the
+lever table; a check against the same base reuses what it computed; a copy released frees its weights."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import tiny_runner
+from kerneltriage.backends.torch.backend import BACKEND
+from kerneltriage.bench import equivalence
+from kerneltriage.bench.harness import GREEDY
+from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.engine.generation import generate_step
+
+PROMPT = list(range(3, 19))
+
+
+@pytest.mark.parametrize("draft", ["itself", "half", "none", "wrong"])
+def test_verified_greedy_is_the_token_loops_greedy(draft: str) -> None:
+    runner = tiny_runner("llama")
+    truth = list(generate_step(runner, PROMPT, GREEDY, 40))
+    assert len(set(truth)) > 10  # a continuation that could be got wrong
+    drafts = {"itself": truth, "half": truth[:20] + [0] * 20, "none": [], "wrong": [(t + 1) % 64 for t in truth]}
+    assert equivalence.verified_greedy(runner, PROMPT, 40, drafts[draft]) == truth
+
+
+def test_exact_difference_reads_the_lever_table() -> None:
+    base = tiny_runner("llama", "fused_norm")
+    assert equivalence.exact_difference(base, BACKEND.copy(base, RunConfig.from_flags("fused_norm,one_sync")))
+    assert equivalence.exact_difference(base, BACKEND.copy(base, RunConfig.from_flags("fused_norm,last_logits")))
+    assert not equivalence.exact_difference(base, BACKEND.copy(base, RunConfig.from_flags("fused_norm,packed_qkv")))
+    assert not equivalence.exact_difference(base, BACKEND.copy(base, RunConfig.from_flags("")))  # fused_norm off
+
+
+def test_an_exact_difference_with_equal_tokens_needs_no_logits_and_a_reordering_one_does() -> None:
+    base = tiny_runner("llama", "fused_norm")
+    exact = equivalence.check_outputs(BACKEND, base, BACKEND.copy(base, RunConfig.from_flags("fused_norm,one_sync")))
+    assert exact.passed and exact.digest_a == exact.digest_b and exact.logit_error is None
+    reorders = equivalence.check_outputs(BACKEND, base,
+                                         BACKEND.copy(base, RunConfig.from_flags("fused_norm,packed_qkv")))
+    assert reorders.passed and reorders.logit_error is not None  # the logits judged it
+
+
+def test_a_check_against_the_same_base_reuses_its_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    base, kept = tiny_runner("llama"), equivalence.Outputs()
+    calls: list[str] = []
+    real = base.forced_logits
+    monkeypatch.setattr(base, "forced_logits", lambda *args: calls.append("base") or real(*args))
+    for flags in ("packed_qkv", "fused_norm"):
+        assert equivalence.check_outputs(BACKEND, base, BACKEND.copy(base, RunConfig.from_flags(flags)), kept).passed
+    first = len(calls)
+    assert first > 0
+    equivalence.check_outputs(BACKEND, base, BACKEND.copy(base, RunConfig.from_flags("packed_gate_up")), kept)
+    assert len(calls) == first  # the base's digest and rows came from the earlier checks
+
+
+def test_release_frees_a_copys_weights_while_it_is_still_referred_to() -> None:
+    base = tiny_runner("llama")
+    copy = BACKEND.copy(base, RunConfig.from_flags("packed_qkv"))
+    BACKEND.release(copy)
+    assert all(p.numel() == 0 for p in copy.model.parameters())
+    assert all(p.numel() > 0 for p in base.model.parameters())  # the base's own weights untouched
