@@ -108,6 +108,18 @@ def test_vocabulary_ceiling_and_sparse_v() -> None:
     assert len(measured.per_layer) == 2 and 0.0 <= measured.fraction <= 1.0 and measured.depth == len(PROMPT)
 
 
+def test_the_sparsity_probe_runs_on_a_stock_copy_not_the_runners_own_steps() -> None:
+    """Its host readbacks must not run inside the runner's captured prefill (prefill_graphs on the H200: 'operation
+    not permitted when stream is capturing'): the runner's levers never see the probe."""
+    from kerneltriage.backends.torch.backend import BACKEND
+
+    runner = tiny_runner("llama", "packed_qkv,last_logits")
+    before = dict(runner.counters)
+    measured = BACKEND.attention_sparsity(runner)
+    assert dict(runner.counters) == before and measured.depth > 0
+    assert all(p.numel() > 0 for p in runner.model.parameters())  # the copy was released, not the runner
+
+
 def _planted_sync_loop(runner, logits, start, count, sampler) -> Iterator[int]:  # noqa: ANN001
     """The stock loop plus one readback per token (a planted sync)."""
     for token in plain_loop(runner, logits, start, count, sampler):

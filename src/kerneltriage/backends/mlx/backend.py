@@ -103,7 +103,13 @@ class MlxBackend:
         from kerneltriage.backends.mlx.sparsity import attention_sparsity
         from kerneltriage.engine.sparsity import passage_tokens
 
-        return attention_sparsity(runner, passage_tokens(runner))
+        # on a stock copy: the probe reads each layer's weights back to the host, which a captured prefill
+        # (prefill_graphs) forbids — the H200 raised "operation not permitted when stream is capturing"
+        stock = self.copy(runner, RunConfig())
+        try:
+            return attention_sparsity(stock, passage_tokens(stock))
+        finally:
+            self.release(stock)
 
 
 BACKEND = MlxBackend()
