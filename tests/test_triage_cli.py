@@ -80,6 +80,22 @@ def test_json_html_and_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert experiment.summary["ladder"]["final"] == ladder["final"]
 
 
+def test_the_final_configuration_stands_beside_a_peer(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ab_module, "_load_contention", lambda report: None)
+    # random weights: the hf peer copies the runner's weights instead of loading the model's files
+    monkeypatch.setattr(sources, "load_checkpoint", lambda spec="default": tiny_checkpoint("llama", random_weights=True))
+    argv = ["triage", *SMALL, "--peers", "hf", "--output", "json", "--ledger", str(tmp_path / "l.db")]
+    assert main(argv) == 0
+    ladder = json.loads(capsys.readouterr().out)["ladder"]
+    peer = ladder["peer"]
+    assert peer["peer"] == "hf" and peer["config"] == ladder["final"]  # the final set, benched beside the peer
+    rows = {row["test"]: row for row in peer["rows"]}
+    assert set(rows) == {"pp16", "tg8"} and all(r["peer"] == "hf" and r["ours"] > 0 and r["theirs"] > 0
+                                                 and r["ratio"] == pytest.approx(r["ours"] / r["theirs"])
+                                                 for r in rows.values())
+
+
 def test_table_output_has_every_section(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["triage", *SMALL, "-p", "8", "-n", "4", "--levers", "last_logits,packed_gate_up,packed_qkv",
             "--ledger", str(tmp_path / "l.db")]

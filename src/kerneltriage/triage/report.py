@@ -162,19 +162,22 @@ class Report:
         return lines
 
     def climb_line(self) -> str:
-        """Where the climb got: first and last rung's rates, the rungs, why it stopped, the flags to paste."""
+        """Where the climb got — start against final in the confirmation's interleaved A/B where it ran (rates
+        measured at different moments are not compared), the rungs, why it stopped, the flags to paste."""
         ladder = self.ladder
         if ladder is None:
             top = rank(self.findings)
             return (f"top lever: {top[0].title} → {top[0].fix} ({gain_text(top[0])})" if top
                     else "top lever: none above the noise")
-        first, last = ladder.rungs[0].standing, ladder.rungs[-1].standing
-        moves = ", ".join(f"{phase} {format_sig(first.rates[phase])} → {format_sig(last.rates[phase])} tok/s "
-                          f"({last.rates[phase] / first.rates[phase]:.2f}×, {last.tests[phase]})"
-                          for phase in ("prefill", "decode") if phase in first.rates)
         paste = ladder.command_line() or "(nothing: the configuration given is the best found)"
-        return (f"climb: {len(ladder.rungs) - 1} rung(s) in {ladder.rounds} round(s), {moves}; stopped: "
-                f"{ladder.stop}; paste: {paste}")
+        confirmed = ladder.confirmation or {}
+        moves = ", ".join(f"{p['phase']} {format_sig(p['a']['tok_s'])} → {format_sig(p['b']['tok_s'])} tok/s "
+                          f"({p['ratio']['estimate']:.2f}× [{p['ratio']['low']:.2f}, {p['ratio']['high']:.2f}], "
+                          f"{p['test']})" for p in confirmed.get("phases", []))
+        verdict = f" (confirmed by ab: {confirmed['verdict']})" if moves else ""
+        return (f"climb: {len(ladder.rungs) - 1} rung(s) in {ladder.rounds} round(s)"
+                + (f", start → final {moves}{verdict}" if moves else "")
+                + f"; stopped: {ladder.stop}; paste: {paste}")
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable({

@@ -70,7 +70,7 @@ BUDGETS = {
     "cuda": Budget(repeats=1, warmups=1, profile_steps=8, lever_pairs=24, lever_tokens=16, lever_prompt=4096,
                    census_prompt=16, census_tokens=4, context_depth=2048,
                    climb_seconds={"quick": 85.0, "full": 900.0}, climb_seconds_per_gb=2.5),
-    "cpu": Budget(repeats=1, warmups=0, profile_steps=4, lever_pairs=8, lever_tokens=8, lever_prompt=128,
+    "cpu": Budget(repeats=1, warmups=0, profile_steps=4, lever_pairs=12, lever_tokens=8, lever_prompt=128,
                   census_prompt=16, census_tokens=2, context_depth=512,
                   climb_seconds={"quick": 150.0, "full": 1800.0}),
 }

@@ -32,7 +32,7 @@ from kerneltriage.triage.ladder import Standing
 from kerneltriage.triage.measure import LeverResult
 from kerneltriage.triage.setup import Budget, Workload
 
-NOISE_SECONDS = {"cuda": 1.0, "cpu": 3.0}  # wall seconds of A/A pairs a base gets, both phases together
+NOISE_SECONDS = {"cuda": 1.0, "cpu": 10.0}  # wall seconds of A/A pairs a base gets, both phases together
 
 
 @dataclass
