@@ -96,6 +96,31 @@ def test_the_final_configuration_stands_beside_a_peer(tmp_path: Path, capsys: py
                                                  for r in rows.values())
 
 
+def test_the_frameworks_own_chatter_goes_to_the_notes_not_the_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      capfd: pytest.CaptureFixture[str]) -> None:
+    import os
+    import warnings
+
+    from kerneltriage.triage import run as triage_run
+
+    real = triage_run.stage_outlook
+
+    def chatty(state):  # noqa: ANN001, ANN202 - what torch's SDPA and the profiler do: a Python warning, a C line
+        warnings.warn("Both fused kernels require query, key and value to have the same num_heads")
+        os.write(2, b"USDT:2026-12-02 06:15:18 12110:12110 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        return real(state)
+
+    monkeypatch.setattr(triage_run, "stage_outlook", chatty)
+    monkeypatch.setattr(triage_run, "STAGE_FUNCTIONS", tuple(chatty if f is real else f
+                                                              for f in triage_run.STAGE_FUNCTIONS))
+    assert main(["triage", *SMALL, "--output", "json", "--ledger", str(tmp_path / "l.db")]) == 0
+    out, err = capfd.readouterr()
+    assert "fused kernels" not in err and "USDT" not in err  # the terminal saw none of it …
+    notes = json.loads(out)["notes"]
+    assert any("UserWarning: Both fused kernels require" in n for n in notes)  # … the report has both
+    assert any(n.startswith("framework: USDT:SyncActivityProfilerHandler.cpp:52] profiler_start") for n in notes)
+
+
 def test_table_output_has_every_section(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["triage", *SMALL, "-p", "8", "-n", "4", "--levers", "last_logits,packed_gate_up,packed_qkv",
             "--ledger", str(tmp_path / "l.db")]
