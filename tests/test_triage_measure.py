@@ -215,3 +215,11 @@ def test_baseline_evidence_from_the_gate_audit() -> None:
     assert baseline_evidence([GateRow("decode", call, 2.0, "flash (cpu)")]) == {"attention backend": None}
     fallen = baseline_evidence([GateRow("decode", call, 2.0, "math"), GateRow("prefill", call, 2.0, "flash")])
     assert fallen == {"attention backend": "1 attention call shape(s) fall back to math (decode)"}
+
+
+def test_the_setup_warms_up_at_full_size_only_where_a_first_run_differs() -> None:
+    from kerneltriage.triage.setup import first_run_differs
+
+    assert not first_run_differs(tiny_runner("llama"))  # stock: warm_up's short run did the lazy inits
+    assert not first_run_differs(tiny_runner("llama", "packed_qkv,fused_norm"))  # model levers: nothing captured
+    assert first_run_differs(tiny_runner("llama", "one_sync"))  # a loop lever: what replaces the loop runs first

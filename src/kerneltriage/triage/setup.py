@@ -89,6 +89,14 @@ def warm_up(runner: Runner) -> None:
     list(runner.loop(logits, WARMUP_PROMPT, WARMUP_STEPS, runner.sampler(SamplingParams(), prompt)))
 
 
+def first_run_differs(runner: Runner) -> bool:
+    """A full-size warm-up is needed before the workload's samples: some lever captures or compiles a step on its
+    first use at a new shape (a step or loop lever, or one with a warm-up in the table). Otherwise `warm_up`'s short
+    run has done the lazy inits (an eager tg128 on the H200 is ~3.3 s: a warm-up of it is worth skipping)."""
+    return any(s.lever.stage != "model" or s.lever.warmup_seconds(runner.backend) > 0
+               for s in runner.run_config.levers) or runner.speculation is not None
+
+
 def measure_setup(backend: Backend, runner: Runner, workload: Workload, budget: Budget
                   ) -> tuple[dict[str, Any], list]:
     """Ceilings, model costs, floors and the measured prefill and decode; the harness's TestResults."""
@@ -96,7 +104,7 @@ def measure_setup(backend: Backend, runner: Runner, workload: Workload, budget: 
 
     ceilings = backend.ceilings(runner.device, runner.dtype)
     warm_up(runner)
-    settings = Settings(budget.repeats, budget.warmups)
+    settings = Settings(budget.repeats, budget.warmups if first_run_differs(runner) else 0)
     results = [run_test(runner, test, settings) for test in (workload.prefill_test, workload.decode_test)]
     setup = {"device": ceilings.device or str(runner.device), "dtype": runner.dtype,
              "ceilings": asdict(ceilings), "model": model_costs(runner.config, runner.dtype_bytes, workload)}
