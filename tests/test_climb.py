@@ -118,3 +118,13 @@ def test_gain_weighs_the_workload_and_refuses_what_is_not_a_win() -> None:
     assert gain(traded, "balanced", weights, bands) is None  # 4 / (0.5 + 3.75): slower on this workload
     worth = Result("traded", 3.0, 0.95, won="prefill")  # 4 / (0.33 + 3.16) = 1.15: this workload gains
     assert gain(worth, "balanced", weights, bands) == pytest.approx(4 / (1 / 3 + 3 / 0.95))
+
+
+def test_speculation_is_a_candidate_with_prompts_and_is_tried_after_the_levers() -> None:
+    from kerneltriage.engine.levers import Place
+
+    found, _ = candidates(RunConfig(), Place("torch", "cuda", "llama"), {}, speculate=True)
+    texts = [c.text for c in found]
+    assert texts[-2:] == ["spec=ngram", "spec=suffix"] and all(not t.startswith("spec=") for t in texts[:-2])
+    assert found[-1].config.speculation.source == "suffix" and found[-1].config.levers == ()
+    assert not any(c.text.startswith("spec=") for c in candidates(RunConfig(), Place("torch", "cuda", "llama"), {})[0])

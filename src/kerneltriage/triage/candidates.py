@@ -18,6 +18,7 @@ from kerneltriage.triage.breakdown import Breakdown
 from kerneltriage.triage.shares import estimated_shares, lever_shares
 
 SPEC_QUESTION = "dispatch"  # a verify of k + 1 rows costs about one step: fewer sequential steps per token
+SPEC_ESTIMATE = 1.0  # speculation's expected gain for the order of trials: unknown from a profile, so last
 BUDGETS = ("quick", "full")  # quick: no lever whose warm-up is slow (engine/levers.py SLOW_WARMUP); full: every one
 
 
@@ -107,9 +108,9 @@ def candidates(config: RunConfig, place: Place, breakdowns: Mapping[str, Breakdo
                 refused.append(Refused(setting.text, why))
                 continue
             found.append(_candidate(config, setting, breakdowns, place.backend, reference))
-    if speculate and config.speculation is None:
-        found += [Candidate(f"spec={source}", SPEC_QUESTION, RunConfig(config.levers, Speculation(source)), {})
-                  for source in LOOKUP_SOURCES]
+    if speculate and config.speculation is None:  # its gain is the text's, not a profile's: tried after the levers
+        found += [Candidate(f"spec={source}", SPEC_QUESTION, RunConfig(config.levers, Speculation(source)), {},
+                            estimate=SPEC_ESTIMATE) for source in LOOKUP_SOURCES]
     return ordered(found), refused
 
 
