@@ -121,6 +121,24 @@ def test_the_frameworks_own_chatter_goes_to_the_notes_not_the_terminal(tmp_path:
     assert any(n.startswith("framework: USDT:SyncActivityProfilerHandler.cpp:52] profiler_start") for n in notes)
 
 
+def test_with_prompts_speculation_is_a_candidate_and_too_long_prompts_are_refused_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ab_module, "_load_contention", lambda report: None)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": text}) for text in ("a b a b a b", "c d c d")) + "\n")
+    argv = ["triage", *SMALL, "--prompts", str(prompts), "--no-chat", "--output", "json",
+            "--ledger", str(tmp_path / "l.db")]
+    assert main(argv) == 0
+    ladder = json.loads(capsys.readouterr().out)["ladder"]
+    spec = [t for t in ladder["trials"] if t["candidate"]["text"].startswith("spec=")]
+    assert {t["candidate"]["text"] for t in spec} == {"spec=ngram", "spec=suffix"}
+    assert all(t["ab"]["counters"]["spec"] > 0 for t in spec)  # judged by ab over the prompts, speculating
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"prompt": "word " * 400}) + "\n")
+    assert main([*argv[:argv.index("--prompts") + 1], str(long), *argv[argv.index("--prompts") + 2:]]) == 2
+    assert "exceed the model's context" in capsys.readouterr().err
+
+
 def test_table_output_has_every_section(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["triage", *SMALL, "-p", "8", "-n", "4", "--levers", "last_logits,packed_gate_up,packed_qkv",
             "--ledger", str(tmp_path / "l.db")]

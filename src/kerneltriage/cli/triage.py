@@ -118,6 +118,9 @@ def _options(args: argparse.Namespace, checkpoint: Any, backend: Any, runner: An
     from kerneltriage.triage.run import Options
 
     prompts = load_prompt_set(args.prompts, checkpoint.tokenizer, args.chat) if args.prompts else None
+    if prompts is not None and prompts.longest + workload.gen + 1 > checkpoint.config.max_context:
+        raise InputError(f"--prompts {args.prompts}: the longest prompt ({prompts.longest} tokens) and -n "
+                         f"{workload.gen} new ones exceed the model's context of {checkpoint.config.max_context}")
     kernels = tuple(winning_kernels(ledger, runner.config.name or checkpoint.source))
     peer = _peer(args, backend, runner, workload) if args.peers else None
     return Options(args.budget, args.favor, prompts, kernels=kernels, peer=peer)
