@@ -8,7 +8,7 @@ import pytest
 
 from conftest import tiny_runner
 from kerneltriage.backends.torch.backend import BACKEND
-from kerneltriage.bench import equivalence
+from kerneltriage.bench import equivalence, outputs
 from kerneltriage.bench.harness import GREEDY
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.generation import generate_step
@@ -22,7 +22,7 @@ def test_verified_greedy_is_the_token_loops_greedy(draft: str) -> None:
     truth = list(generate_step(runner, PROMPT, GREEDY, 40))
     assert len(set(truth)) > 10  # a continuation that could be got wrong
     drafts = {"itself": truth, "half": truth[:20] + [0] * 20, "none": [], "wrong": [(t + 1) % 64 for t in truth]}
-    assert equivalence.verified_greedy(runner, PROMPT, 40, drafts[draft]) == truth
+    assert outputs.verified_greedy(runner, PROMPT, 40, drafts[draft]) == truth
 
 
 def test_exact_difference_reads_the_lever_table() -> None:
@@ -43,7 +43,7 @@ def test_an_exact_difference_with_equal_tokens_needs_no_logits_and_a_reordering_
 
 
 def test_a_check_against_the_same_base_reuses_its_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
-    base, kept = tiny_runner("llama"), equivalence.Outputs()
+    base, kept = tiny_runner("llama"), outputs.Outputs()
     calls: list[str] = []
     real = base.forced_logits
     monkeypatch.setattr(base, "forced_logits", lambda *args: calls.append("base") or real(*args))

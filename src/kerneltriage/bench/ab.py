@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from kerneltriage.bench.ab_report import Report, checklist, describe
-from kerneltriage.bench.equivalence import Correctness, Outputs, check_outputs, check_timed
-from kerneltriage.bench.harness import Sample, decode_sample, prefill_sample, prompts_sample
+from kerneltriage.bench.equivalence import Correctness, check_outputs, check_timed
+from kerneltriage.bench.outputs import Outputs
+from kerneltriage.bench.harness import Sample
+from kerneltriage.bench.pairs import paired, sampler_of, sequential_pairs
 from kerneltriage.bench.workloads import PromptSet, Test, check_fits, expand, tokens_for
 from kerneltriage.core import sequential, stats, verdict
 from kerneltriage.core.contention import contention
@@ -113,30 +115,6 @@ def _interval(i: stats.Interval) -> dict[str, float]:
     return {"estimate": i.estimate, "low": i.low, "high": i.high, "confidence": i.confidence}
 
 
-def sampler_of(runner: Runner, test: Test, prompt_set: PromptSet | None = None) -> Callable[[], Sample]:
-    tokens = tokens_for(test, runner.config.vocab_size)
-    if test.kind == "pp":
-        return lambda: prefill_sample(runner, tokens)
-    if prompt_set is not None:
-        return lambda: prompts_sample(runner, prompt_set.prompts, test.n)
-    return lambda: decode_sample(runner, tokens, test.n)
-
-
-def _paired(first: Callable[[], Sample], second: Callable[[], Sample], pairs: int,
-            tell: Callable[[int], None], start: int = 0) -> tuple[list[Sample], list[Sample]]:
-    """`pairs` interleaved samples of two samplers; odd pairs (counted from `start`) run the second one first."""
-    xs, ys = [], []
-    for i in range(pairs):
-        if (start + i) % 2:
-            y, x = second(), first()
-        else:
-            x, y = first(), second()
-        xs.append(x)
-        ys.append(y)
-        tell(i + 1)
-    return xs, ys
-
-
 def _block(names: tuple[str, str], samplers: Mapping[str, Callable[[], Sample]], test: Test, block: str,
            settings: Settings, warm: dict[str, list[float]], progress: Progress, gpu: int, band: float | None = None
            ) -> tuple[tuple[Measurement, ...], tuple[tuple[int, ...], ...], stats.Interval]:
@@ -147,9 +125,9 @@ def _block(names: tuple[str, str], samplers: Mapping[str, Callable[[], Sample]],
     tell = lambda i: progress(f"{test.name} {block} pair {i}/{settings.pairs}")  # noqa: E731
     first, second = samplers[names[0]], samplers[names[1]]
     if band is not None and settings.sequential:
-        samples, ratio = _sequential(first, second, settings.pairs, band, tell)
+        samples, ratio = sequential_pairs(first, second, settings.pairs, band, tell)
     else:
-        samples = _paired(first, second, settings.pairs, tell)
+        samples = paired(first, second, settings.pairs, tell)
         ratio = stats.paired_ratio_ci([s.timed for s in samples[0]], [s.timed for s in samples[1]])
     end = take_snapshot(gpu)
     measurements = tuple(
@@ -159,22 +137,6 @@ def _block(names: tuple[str, str], samplers: Mapping[str, Callable[[], Sample]],
                     [s.timed for s in side], warm.pop(name, []), start, end)
         for name, side in zip(names, samples))
     return measurements, tuple(side[0].tokens for side in samples), ratio
-
-
-def _sequential(first: Callable[[], Sample], second: Callable[[], Sample], most: int, band: float,
-                tell: Callable[[int], None]) -> tuple[tuple[list[Sample], list[Sample]], stats.Interval]:
-    """Interleaved pairs up to each look of `most`, stopping at the first look that settles the block (only a win
-    is sought: the climb adopts nothing else); the interval carries the sequential level."""
-    xs: list[Sample] = []
-    ys: list[Sample] = []
-    for look in sequential.looks(most):
-        more = _paired(first, second, look - len(xs), lambda i, done=len(xs): tell(done + i), start=len(xs))
-        xs += more[0]
-        ys += more[1]
-        decision = sequential.decide([x.timed / y.timed for x, y in zip(xs, ys)], band, most, show_loss=False)
-        if decision.stop:
-            break
-    return (xs, ys), decision.interval
 
 
 @dataclass(frozen=True)

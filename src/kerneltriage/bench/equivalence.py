@@ -24,19 +24,16 @@ arithmetic may differ, per-op checks at the model's real shapes, and the timed r
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
-from typing import Callable, Sequence, TypeVar
+from typing import Sequence
 
 import numpy as np
 
-from kerneltriage.bench.harness import GREEDY
+from kerneltriage.bench.outputs import Outputs, digests, forced_rows
 from kerneltriage.bench.workloads import WORKLOAD_SEED, token_stream
 from kerneltriage.engine.backend import Backend, Runner
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.levers import LeverSetting
-from kerneltriage.engine.generation import generate_step
 from kerneltriage.engine.quality import Quality
 
 DIGEST_PROMPTS = 2  # greedy digests: this many random prompts …
@@ -47,7 +44,6 @@ DIGEST_SEED = WORKLOAD_SEED + 1
 LOGIT_RTOL = 1e-4  # float32 A: ‖B − A‖ / ‖A‖
 REFERENCE_FACTOR = 1.5  # bf16/fp16: ‖B − R‖ ≤ 1.5 × ‖A − R‖ (R: float32 on the same weights) …
 LOGIT_FLOOR = 1e-3  # … never asked to beat this
-T = TypeVar("T")
 SEAM_FLOORS = {"float32": 1e-4}  # per-op checks: the error no op needs to beat, by dtype (else LOGIT_FLOOR)
 
 
@@ -123,57 +119,9 @@ class Correctness:
         return "; ".join(parts)
 
 
-class Outputs:
-    """A runner's outputs already computed in this process — its greedy digest and its teacher-forced rows — kept for
-    the next check against the same runner (triage's climb checks each winner against one base). They are a
-    deterministic function of the weights, the configuration, the dtype and the tokens, which the key names; a
-    float32 reference built for one check is never kept (its weights are whichever runner it upcast)."""
-
-    def __init__(self) -> None:
-        self.kept: dict[tuple, object] = {}
-
-    def get(self, runner: Runner, what: tuple, make: Callable[[], T]) -> T:
-        key = (id(runner.checkpoint), runner.run_config.text, runner.dtype, *what)
-        if key not in self.kept:
-            self.kept[key] = make()
-        return self.kept[key]  # type: ignore[return-value]
-
-
-def _frozen(rows: Sequence[Sequence[int]]) -> tuple:
-    return tuple(tuple(r) for r in rows)
-
-
-def token_digest(runner: Runner, prompts: Sequence[Sequence[int]], tokens: int, kept: Outputs | None = None
-                 ) -> tuple[str, list[list[int]]]:
-    """sha256 of the greedy continuations of `prompts` through the runner's own prefill and token loop, and the
-    continuations."""
-    def make() -> tuple[str, list[list[int]]]:
-        ids = [list(generate_step(runner, prompt, GREEDY, tokens)) for prompt in prompts]
-        return hashlib.sha256(json.dumps(ids).encode()).hexdigest(), ids
-
-    return make() if kept is None else kept.get(runner, ("digest", _frozen(prompts), tokens), make)
-
-
 def relative_error(rows: np.ndarray, reference: np.ndarray) -> float:
     """‖rows − reference‖ / ‖reference‖ over every logit of every position."""
     return float(np.linalg.norm(rows - reference) / max(np.linalg.norm(reference), 1e-30))
-
-
-def forced_rows(runner: Runner, prompts: Sequence[Sequence[int]], count: int,
-                fed: Sequence[Sequence[int]] | None = None, kept: Outputs | None = None
-                ) -> tuple[np.ndarray, list[list[int]]]:
-    """All prompts' teacher-forced logits stacked (prompts × count, V), and the tokens fed (None: its own)."""
-    def make() -> tuple[np.ndarray, list[list[int]]]:
-        rows, tokens = [], []
-        for i, prompt in enumerate(prompts):
-            logits, given = runner.forced_logits(prompt, None if fed is None else fed[i], count)
-            rows.append(logits)
-            tokens.append(given)
-        return np.concatenate(rows), tokens
-
-    if kept is None:
-        return make()
-    return kept.get(runner, ("forced", _frozen(prompts), count, None if fed is None else _frozen(fed)), make)
 
 
 def _on_decode_path(setting: LeverSetting) -> bool:
@@ -263,7 +211,7 @@ def check_outputs(backend: Backend, a: Runner, b: Runner, kept: Outputs | None =
     """Correctness before speed: digests, then logits where they may differ (or do), then the per-op checks — or,
     for a lever that approximates, its declared quality metric. `kept`: outputs computed by earlier checks, reused."""
     prompts, count = digest_prompts(a, b)
-    (digest_a, tokens_a), (digest_b, _) = _digests(a, b, prompts, count, kept)
+    (digest_a, tokens_a), (digest_b, _) = digests(a, b, prompts, count, kept)
     quality = judge_quality(a, b, prompts, count, tokens_a)
     if quality:
         return Correctness(digest_a, digest_b, count, quality=quality)
@@ -283,40 +231,6 @@ def exact_difference(a: Runner, b: Runner) -> bool:
     if a.run_config.speculation != b.run_config.speculation:
         return False
     return all(s.lever.numerics == "exact" for s in set(a.run_config.levers) ^ set(b.run_config.levers))
-
-
-def _digests(a: Runner, b: Runner, prompts: Sequence[Sequence[int]], count: int, kept: Outputs | None
-             ) -> tuple[tuple[str, list[list[int]]], tuple[str, list[list[int]]]]:
-    """Both sides' digests. Where A is stock and B computes another arithmetic (the logits decide, not the tokens),
-    A's greedy continuation is verified over B's tokens in causal forwards (`verified_greedy`) instead of being
-    decoded a token at a time: a climb's stock start is eager, and 300 eager steps cost seconds."""
-    if a.run_config.levers or a.speculation is not None or not b.run_config.changes_numerics:
-        return token_digest(a, prompts, count, kept), token_digest(b, prompts, count, kept)
-    theirs = token_digest(b, prompts, count, kept)
-
-    def make() -> tuple[str, list[list[int]]]:
-        ids = [verified_greedy(a, prompt, count, draft) for prompt, draft in zip(prompts, theirs[1])]
-        return hashlib.sha256(json.dumps(ids).encode()).hexdigest(), ids
-
-    ours = make() if kept is None else kept.get(a, ("verified", _frozen(prompts), count), make)
-    return ours, theirs
-
-
-def verified_greedy(runner: Runner, prompt: Sequence[int], count: int, draft: Sequence[int]) -> list[int]:
-    """`count` greedy tokens of a stock runner after `prompt`, verified in causal forwards over `draft` (speculative
-    verification: each forward accepts the draft up to its first disagreement and adds the runner's own token there).
-    The same function as its token loop, computed at once (forced_logits takes one forward for a stock runner)."""
-    tokens: list[int] = []
-    guess = list(draft[: count - 1])
-    while len(tokens) < count:
-        fed = tokens + guess[len(tokens):]
-        rows, _ = runner.forced_logits(prompt, fed, len(fed) + 1)
-        for i in range(len(tokens), len(fed) + 1):
-            tokens.append(int(rows[i].argmax()))
-            if len(tokens) == count or (i < len(fed) and tokens[-1] != fed[i]):
-                guess = tokens[:]  # past a disagreement the draft says nothing
-                break
-    return tokens
 
 
 def check_timed(backend: Backend, a: Runner, b: Runner, prefix: Sequence[int], tokens_a: Sequence[int],

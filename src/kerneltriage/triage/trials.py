@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from kerneltriage.bench import ab
+from kerneltriage.bench.outputs import Outputs
 from kerneltriage.bench.table import Traffic, floor_of
-from kerneltriage.bench.workloads import Test, tokens_for
+from kerneltriage.bench.workloads import tokens_for
 from kerneltriage.core import roofline
 from kerneltriage.core.errors import InputError
 from kerneltriage.core.verdict import MIN_PAIRS
@@ -86,7 +87,7 @@ class Trials:
     known: dict[str, dict[str, Breakdown]] = field(default_factory=dict)  # config text → a profile already made
     began: float = field(default_factory=time.perf_counter)
     start_noise: dict[str, ab.Noise] | None = None  # the user's configuration's A/A, kept for the final confirmation
-    kept: ab.Outputs = field(default_factory=ab.Outputs)  # outputs checks computed, reused by later checks
+    kept: Outputs = field(default_factory=Outputs)  # outputs checks computed, reused by later checks
 
     @property
     def template(self) -> ab.Settings:
