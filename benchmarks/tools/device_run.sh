@@ -10,7 +10,8 @@
 #
 # Steps:
 #   smoke       tests/test_gpu_smoke.py: the CUDA-only code paths on tiny shapes (~1 min; run it first)
-#   gpu-tests   tests/test_gpu.py (the real model's GPU tests)
+#   gpu-tests   the real model's GPU tests in one pytest run: tests/test_gpu_levers.py, test_gpu_speculation.py,
+#               test_gpu_probes.py (the greedy references are decoded once per session: conftest gpu_greedy)
 #   ceilings    kerneltriage ceilings --refresh                 -> ceilings-$DEV.txt
 #   triage      kerneltriage triage on $MODEL                   -> triage-$NAME-$DEV.json, .html
 #   levers      each lever alone against stock (ab_levers.py)   -> ab-$NAME-$DEV$TAG/ab-*.json
@@ -59,7 +60,8 @@ peers() { [ -n "${PEERS:-}" ] && echo "$PEERS" || { [ -x "$LLAMA_BENCH" ] && ech
 run_step() {
   case "$1" in
     smoke) step python3 -m pytest -q -x tests/test_gpu_smoke.py ;;
-    gpu-tests) step python3 -m pytest -q tests/test_gpu.py ;;
+    gpu-tests) step python3 -m pytest -q --durations=10 tests/test_gpu_levers.py tests/test_gpu_speculation.py \
+                 tests/test_gpu_probes.py ;;
     ceilings) step "${kt[@]}" ceilings --refresh "${extra[@]}" > "$OUT/ceilings-$DEV.txt" ;;
     triage) step "${kt[@]}" triage --model "$MODEL" "${extra[@]}" --output json --html "$OUT/triage-$NAME-$DEV.html" \
               --ledger "$LEDGER" > "$OUT/triage-$NAME-$DEV.json" ;;
