@@ -7,6 +7,7 @@ import contextlib
 import gc
 import os
 import shutil
+import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -21,6 +22,8 @@ from kerneltriage.engine.checkpoint import Checkpoint, RawTensor
 from kerneltriage.engine.config import ModelConfig, RopeScaling
 
 ARCHS = tuple(ARCHITECTURES)
+# the GGUF and config.json mutators and the fuzz harness live with the fuzzing tool that shares them
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "tools" / "fuzzkit"))
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     # Triton kernels run in Triton's interpreter on a machine without CUDA: read when triton itself is first
     # imported, so it is set here, before any test imports it (tests/test_kernels_triton.py).

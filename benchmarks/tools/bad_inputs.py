@@ -1,8 +1,8 @@
 """Every bad input the reliability issue tried, run through the command line: exit status, the error line, seconds.
 
 Usage: python benchmarks/tools/bad_inputs.py [--out benchmarks/results/bad-inputs-cpu.json]
-Header cases are one-field mutations of the real default model (tests/gguf_mutate.py); config.json cases
-mutate a tiny Hugging Face folder (tests/config_mutate.py). Each command runs in a fresh process with a
+Header cases are one-field mutations of the real default model (benchmarks/tools/fuzzkit/gguf_mutate.py); config.json cases
+mutate a tiny Hugging Face folder (benchmarks/tools/fuzzkit/config_mutate.py). Each command runs in a fresh process with a
 private cache, as a new user would run it; seconds include Python's start-up and any torch import.
 Prints the Markdown table docs/reliability.md carries.
 """
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzzkit"))  # the mutators and the fuzz harness
 
 from config_mutate import CONFIG, write_tiny_hf_dir  # noqa: E402
 from gguf_mutate import set_scalar, set_tensor_field, set_value_type  # noqa: E402

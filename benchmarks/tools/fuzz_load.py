@@ -3,8 +3,8 @@ model's config.json, each loaded in a worker under a memory cap and a timeout, o
 
 Usage: python benchmarks/tools/fuzz_load.py [--count 2000] [--config-count 500] [--seed 1]
                                       [--out benchmarks/results/fuzz-load-cpu.json]
-The mutators and the worker are the CI fuzz test's (tests/gguf_mutate.py, tests/config_mutate.py,
-tests/fuzz_harness.py), so this run tests the same thing at a larger scale on a real model. A loaded mutant
+The mutators and the worker are the CI fuzz test's (benchmarks/tools/fuzzkit/: gguf_mutate.py,
+config_mutate.py, fuzz_harness.py), so this run tests the same thing at a larger scale on a real model. A loaded mutant
 is `loaded-changed` when the config it built differs from the pristine file's: accepted, and harmless only
 if its logits stay finite (they are checked). Acceptable outcomes: input-error, loaded, loaded-changed.
 """
@@ -21,7 +21,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Iterator
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzzkit"))  # the mutators and the fuzz harness
 
 from config_mutate import config_mutants, write_tiny_hf_dir  # noqa: E402
 from fuzz_harness import Case, model_config, run_cases  # noqa: E402
