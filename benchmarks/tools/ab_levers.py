@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+from kerneltriage.core.ledger import default_ledger_path
+
 import torch
 
 from kerneltriage.cli.main import main as kerneltriage
@@ -77,7 +79,8 @@ def main() -> None:
     parser.add_argument("-n", dest="gen", type=int, default=32)
     parser.add_argument("-r", dest="pairs", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    parser.add_argument("--ledger", type=Path, default=Path(".kerneltriage/ledger.db"))
+    parser.add_argument("--ledger", type=Path, default=default_ledger_path(),
+                        help="ledger file (default: the user's, %(default)s)")
     parser.add_argument("--table", type=Path, nargs="+", help="print the table of these result folders and stop")
     args = parser.parse_args()
     if args.table:
