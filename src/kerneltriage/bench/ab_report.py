@@ -65,11 +65,13 @@ class Report:
     def summary(self) -> dict[str, Any]:
         """The JSON-ready result (raw samples are in `measurements`)."""
         c = self.correctness
+        assert self.verdict is not None, "a report is summarized once judged"
         return {"verdict": self.verdict.verdict, "reason": self.verdict.reason,
                 "phases": [p.to_dict() for p in self.phases],
-                "correctness": {"passed": c.passed, "checked": c.checked, "seconds": c.seconds, "detail": c.detail, "digest_a": c.digest_a,
-                                "digest_b": c.digest_b, "tokens": c.tokens, "logit_error": c.logit_error,
-                                "reference": c.reference, "error_a": c.error_a, "tolerance": c.tolerance,
+                "correctness": {"passed": c.passed, "checked": c.checked, "seconds": c.seconds, "detail": c.detail,
+                                "digest_a": c.digest_a, "digest_b": c.digest_b, "tokens": c.tokens,
+                                "logit_error": c.logit_error, "reference": c.reference, "error_a": c.error_a,
+                                "tolerance": c.tolerance,
                                 "seams": {s: list(e) for s, e in c.seams.items()}, "timed": c.timed,
                                 "quality": {q: list(v) for q, v in c.quality.items()}},
                 "counters": self.counters, "silent_levers": self.silent, "contention": self.contention,
@@ -119,5 +121,6 @@ def record(report: Report, ledger: Any, environment: Mapping[str, Any]) -> int:
             exp.add_measurement(m)
         for item in report.checklist:
             exp.add_finding("checklist", item.point, item.answer, {"status": item.status})
+        assert report.verdict is not None, "a report is recorded once judged"
         exp.set_verdict(report.verdict.verdict, report.summary())
     return exp.id

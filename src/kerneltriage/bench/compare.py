@@ -35,10 +35,10 @@ def run_bench(runner: Runner, tests: Sequence[Test], runs: Sequence[PeerRun], se
     try:
         for test in tests:
             engines: list[Engine] = [ours]
-            for run in (r for r in runs if r.engine is not None):
-                why = run.engine.supports(test)
+            for engine, run in ((r.engine, r) for r in runs if r.engine is not None):
+                why = engine.supports(test)
                 if why is None:
-                    engines.append(run.engine)
+                    engines.append(engine)
                 else:
                     run.skipped[test.name] = why
             tokens = tokens_for(test, runner.config.vocab_size, settings.seed)

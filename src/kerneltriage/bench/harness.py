@@ -142,11 +142,18 @@ def build_result(engine: str, test: Test, warm: Sequence[Sample], timed: Sequenc
     start, end = snapshots
     phase = MeasurementSpec(f"{engine} {test.name}", test.phase, test.n, "tok", common)
     first = None
-    if all(s.first_token is not None for s in (*warm, *timed)):
+    timed_first, warm_first = _first_tokens(timed), _first_tokens(warm)
+    if timed_first is not None and warm_first is not None:
         spec = MeasurementSpec(f"{engine} {test.name} first token", "ttft", 1, "tok", common)
-        first = Measurement(spec, [s.first_token for s in timed], [s.first_token for s in warm], start, end)
-    timed_phase = Measurement(phase, [s.timed for s in timed], [s.timed for s in warm], start, end)
+        first = Measurement(spec, timed_first, warm_first, start, end)
+    timed_phase = Measurement(phase, tuple(s.timed for s in timed), tuple(s.timed for s in warm), start, end)
     return TestResult(engine, test, timed_phase, first, peak_memory, timed[0].tokens)
+
+
+def _first_tokens(samples: Sequence[Sample]) -> tuple[float, ...] | None:
+    """Each sample's seconds to its first token; None when one of them lacks it."""
+    seconds = tuple(s.first_token for s in samples if s.first_token is not None)
+    return seconds if len(seconds) == len(samples) else None
 
 
 def prefill_sample(runner: Runner, tokens: Tokens) -> Sample:
@@ -179,7 +186,7 @@ def decode_sample(runner: Runner, tokens: Tokens, count: int) -> Sample:
 def prompts_sample(runner: Runner, prompts: Sequence[Sequence[int]], count: int) -> Sample:
     """`decode_sample` of every prompt in turn: decode seconds and first-token seconds summed, tokens joined."""
     samples = [decode_sample(runner, Tokens(tuple(prompt), ()), count) for prompt in prompts]
-    return Sample(sum(s.timed for s in samples), sum(s.first_token for s in samples),
+    return Sample(sum(s.timed for s in samples), sum(s.first_token or 0.0 for s in samples),
                   tuple(t for s in samples for t in s.tokens))
 
 

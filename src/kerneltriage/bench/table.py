@@ -90,7 +90,7 @@ def _cells(row: Row) -> tuple[str, ...]:
     if row.status != "ok":
         return (row.model, row.engine, row.test, row.status, *("—",) * (len(COLUMNS) - 4))
     return (
-        row.model, row.engine, row.test, format_sig(row.rate), maybe(row.rate_iqr, format_sig),
+        row.model, row.engine, row.test, maybe(row.rate, format_sig), maybe(row.rate_iqr, format_sig),
         maybe(row.ms_per_token, format_sig), maybe(row.first_token_s, format_duration),
         maybe(row.roofline_pct, lambda p: f"{format_sig(p)}% ({row.bound})"),
         maybe(row.peak_memory, format_bytes), maybe(row.ratio, lambda r: f"{format_sig(r)}×"),

@@ -117,7 +117,8 @@ def load_prompt_set(path: Path, tokenizer: Any, chat: bool = True) -> PromptSet:
         lines = [line for line in path.read_text().splitlines() if line.strip()]
         texts = [json.loads(line)["prompt"] for line in lines]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"--prompts {path}: expected a JSON-lines file of {{\"prompt\": ...}} objects ({exc})") from None
+        raise InputError(f"--prompts {path}: expected a JSON-lines file of {{\"prompt\": ...}} objects "
+                         f"({exc})") from None
     for text in texts:
         if chat:
             text = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)

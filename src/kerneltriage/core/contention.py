@@ -81,24 +81,31 @@ def gpu_readings(nvml: ModuleType, handle: Any) -> dict[str, Any]:
 
 
 class Snapshot(Protocol):
-    """The readings of a snapshot the judgement uses (environment.Snapshot records them; None: not measurable)."""
+    """The readings of a snapshot the judgement uses (environment.Snapshot records them, frozen; None: not
+    measurable)."""
 
-    time: float
-    load_avg_1m: float | None
-    cpu_count: int | None
-    cpu_busy_s: float | None
-    self_cpu_s: float | None
-    gpu_other_processes: int | None
+    @property
+    def time(self) -> float: ...
+    @property
+    def load_avg_1m(self) -> float | None: ...
+    @property
+    def cpu_count(self) -> int | None: ...
+    @property
+    def cpu_busy_s(self) -> float | None: ...
+    @property
+    def self_cpu_s(self) -> float | None: ...
+    @property
+    def gpu_other_processes(self) -> int | None: ...
 
 
 def other_cores(start: Snapshot, end: Snapshot) -> float | None:
     """Cores' worth of CPU the rest of the machine used on average between the two snapshots; None when
     either snapshot lacks the readings (an older ledger row, a non-Linux machine) or the interval is too short."""
     wall = end.time - start.time
-    readings = (start.cpu_busy_s, end.cpu_busy_s, start.self_cpu_s, end.self_cpu_s)
-    if wall < MIN_INTERVAL_S or any(r is None for r in readings):
+    busy0, busy1, ours0, ours1 = start.cpu_busy_s, end.cpu_busy_s, start.self_cpu_s, end.self_cpu_s
+    if wall < MIN_INTERVAL_S or busy0 is None or busy1 is None or ours0 is None or ours1 is None:
         return None
-    others = (end.cpu_busy_s - start.cpu_busy_s) - (end.self_cpu_s - start.self_cpu_s)
+    others = (busy1 - busy0) - (ours1 - ours0)
     return max(0.0, others / wall)
 
 

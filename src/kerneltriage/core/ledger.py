@@ -222,7 +222,8 @@ class Ledger:
             (exp.created, exp.kind, exp.label, exp.config, exp.environment, exp.verdict, exp.summary,
              exp.measured_contention()),
         )
-        experiment_id = int(cursor.lastrowid)
+        assert cursor.lastrowid is not None  # an INSERT sets it
+        experiment_id = cursor.lastrowid
         self._conn.executemany(
             "INSERT INTO measurements"
             " (experiment_id, position, label, phase, spec, samples, warmups, snapshots)"

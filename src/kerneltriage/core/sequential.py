@@ -10,8 +10,8 @@ looks at 5, 8, 12 and 16 pairs (misses 6.25% + 0.78% + 0.63% + 0.42%); tests/tes
 simulation.
 
 Stop at a look when the interval lies above the band (a win is shown), below it (a loss), or when no later
-look can show either (or no win, for a caller that only adopts wins): a win needs fewer than j ratios at or below the band's top at the look where it is
-judged, and ratios once counted stay counted (likewise for a loss).
+look can show either (or no win, for a caller that only adopts wins): a win needs fewer than j ratios at or below
+the band's top at the look where it is judged, and ratios once counted stay counted (likewise for a loss).
 """
 
 from __future__ import annotations

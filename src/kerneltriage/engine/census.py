@@ -33,8 +33,8 @@ class Census:
 
     def per(self, n: int) -> dict[str, Any]:
         """The counts per unit (`n` tokens or passes), call sites most frequent first."""
-        per = {"ops": self.ops / n, "cpu_ops": sum(self.cpu_ops.values()) / n,
-               "casts": sum(self.casts.values()) / n, "strided_copies": self.strided_copies / n}
+        per: dict[str, Any] = {"ops": self.ops / n, "cpu_ops": sum(self.cpu_ops.values()) / n,
+                               "casts": sum(self.casts.values()) / n, "strided_copies": self.strided_copies / n}
         for kind, sites in (("readbacks", "readback_sites"), ("cpu_ops", "cpu_op_sites"), ("casts", "cast_kinds")):
             per[sites] = _sites(getattr(self, kind), n)
         per["readbacks"] = sum(self.readbacks.values()) / n
@@ -90,5 +90,7 @@ def per_unit(runner: Any, phase: str, prefix: Sequence[int], tokens: Sequence[in
              read: bool = False) -> dict[str, Any]:
     """`Backend.census`: per prefill of the prompt `tokens`, or per token over `tokens` decode steps after `prefix`."""
     if phase == "prefill":
+        assert not isinstance(tokens, int), "a prefill's tokens are its prompt"
         return census_prefill(runner, tokens, counting, read).per(1)
+    assert isinstance(tokens, int), "a decode's tokens are a count of steps"
     return census_decode(runner, prefix, tokens, counting).per(tokens)

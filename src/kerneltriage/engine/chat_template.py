@@ -34,7 +34,8 @@ def _compile(template: str) -> Any:
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
 
-    def tojson(x: Any, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+               separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
         # jinja's own tojson escapes HTML characters, which chat templates do not want
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 

@@ -36,7 +36,8 @@ class RopeScaling:
     def to_hf(self) -> dict[str, Any]:
         """As config.json spells it (`rope_scaling`)."""
         return {"rope_type": "llama3", "factor": self.factor, "low_freq_factor": self.low_freq_factor,
-                "high_freq_factor": self.high_freq_factor, "original_max_position_embeddings": self.original_max_position}
+                "high_freq_factor": self.high_freq_factor,
+                "original_max_position_embeddings": self.original_max_position}
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,7 @@ def list_converted() -> list[ConvertedEntry]:
             continue
         record = _read_record(folder)
         size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-        entries.append(ConvertedEntry(folder, record and record.get("path"), size, _status(record)))
+        entries.append(ConvertedEntry(folder, record.get("path") if record else None, size, _status(record)))
     return sorted(entries, key=lambda e: -e.size_bytes)
 
 

@@ -79,6 +79,7 @@ def _pip_download(dest: Path, verbose: bool) -> Path:
     with subprocess.Popen(command, stdout=2 if verbose else subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True, errors="replace") as proc:
         last_line = ""
+        assert proc.stderr is not None  # stderr=PIPE
         for line in proc.stderr:
             if verbose:
                 sys.stderr.write(line)

@@ -58,6 +58,8 @@ def load_kernel(ref: str) -> Kernel:
             if not path.is_file():
                 raise InputError(f"kernel={ref}: no file {where}")
             spec = importlib.util.spec_from_file_location(f"kerneltriage_user_kernel_{path.stem}", path)
+            if spec is None or spec.loader is None:
+                raise InputError(f"kernel={ref}: {where} cannot be loaded as a Python module")
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
         else:

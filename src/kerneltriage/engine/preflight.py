@@ -62,6 +62,7 @@ def check_speculation(speculation: Speculation | None) -> None:
     if speculation is None:
         return
     if speculation.source == "draft":
+        assert speculation.draft_model is not None  # Speculation's own check: a draft source names its model
         check_model_spec(speculation.draft_model, f"--spec {speculation.source_text!r}")
     head = speculation.head
     if head is not None and not Path(head).expanduser().is_file():

@@ -80,12 +80,13 @@ def _gguf_shapes(path: Path, tensors: Mapping[str, RawTensor], arch: str) -> dic
     sight, tied its embeddings without a word."""
     from kerneltriage.engine import names
 
-    unused = [name for name in tensors if names.to_internal(name, names.GGUF) is None]
+    internal = {name: names.to_internal(name, names.GGUF) for name in tensors}
+    unused = [name for name, key in internal.items() if key is None]
     if unused:
         more = f" (and {len(unused) - 1} more)" if len(unused) > 1 else ""
         raise InputError(f"{path}: tensor {unused[0]!r}{more} is no weight of a {arch} model; expected only its "
                          "weights (a flipped byte in a name reads so; llama.cpp refuses such a file too)")
-    return {names.to_internal(name, names.GGUF): raw.shape for name, raw in tensors.items()}
+    return {key: tensors[name].shape for name, key in internal.items() if key is not None}
 
 
 def _from_hf_dir(path: Path) -> Checkpoint:

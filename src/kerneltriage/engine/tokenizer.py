@@ -56,6 +56,11 @@ class Tokenizer:
         self.is_synthetic = is_synthetic
         self.notes = notes  # the fallbacks taken for what the model's files leave unsaid, one line each
 
+    @property
+    def _hf(self) -> tokenizers.Tokenizer:
+        assert self._backend is not None, "only ByteTokenizer has no HF tokenizer, and it overrides every use"
+        return self._backend
+
     @classmethod
     def from_backend(
         cls,
@@ -120,24 +125,24 @@ class Tokenizer:
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         """Token ids of `text`; `add_special` adds BOS/EOS as the model's tokenizer does."""
-        return self._backend.encode(text, add_special_tokens=add_special).ids
+        return self._hf.encode(text, add_special_tokens=add_special).ids
 
     def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
         """Text of `ids` (special tokens shown unless `skip_special`)."""
-        return self._backend.decode(list(ids), skip_special_tokens=skip_special)
+        return self._hf.decode(list(ids), skip_special_tokens=skip_special)
 
     def stream_decoder(self, skip_special: bool = False) -> Callable[[int], str]:
         """A function fed one id at a time that returns the text that became printable (maybe "")."""
         stream = DecodeStream(skip_special_tokens=skip_special)
-        return lambda token_id: stream.step(self._backend, token_id) or ""
+        return lambda token_id: stream.step(self._hf, token_id) or ""
 
     def token_text(self, token_id: int | None) -> str:
         """The text of one token id ("" for None)."""
-        return "" if token_id is None else self._backend.id_to_token(token_id) or ""
+        return "" if token_id is None else self._hf.id_to_token(token_id) or ""
 
     def to_json(self) -> str:
         """The tokenizer as a Hugging Face tokenizer.json (a distilled draft model's folder carries it)."""
-        return self._backend.to_str()
+        return self._hf.to_str()
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """Render `messages` with the model's chat template, as transformers does."""
@@ -166,7 +171,7 @@ class ByteTokenizer(Tokenizer):
         step = self.stream_decoder()
         return "".join(step(token_id) for token_id in ids) + step.flush()
 
-    def stream_decoder(self, skip_special: bool = False) -> Callable[[int], str]:
+    def stream_decoder(self, skip_special: bool = False) -> _ByteStream:
         """Incremental version of `decode`: a multi-byte character prints once its last byte arrives."""
         return _ByteStream()
 
@@ -231,12 +236,14 @@ def _bos_eos_processor(
     backend: tokenizers.Tokenizer, config: dict, bos: int | None, eos: int | None
 ) -> processors.TemplateProcessing:
     """The post-processor transformers builds when tokenizer_config.json sets add_bos/eos_token."""
-    add_bos = bool(config.get("add_bos_token")) and bos is not None
-    add_eos = bool(config.get("add_eos_token")) and eos is not None
-    bos_text, eos_text = backend.id_to_token(bos) if add_bos else "", backend.id_to_token(eos) if add_eos else ""
+    bos_id = bos if config.get("add_bos_token") else None  # the ids it adds, where it adds them
+    eos_id = eos if config.get("add_eos_token") else None
+    add_bos, add_eos = bos_id is not None, eos_id is not None
+    bos_text = "" if bos_id is None else backend.id_to_token(bos_id) or ""
+    eos_text = "" if eos_id is None else backend.id_to_token(eos_id) or ""
     single = f"{bos_text + ':0 ' if add_bos else ''}$A:0{' ' + eos_text + ':0' if add_eos else ''}"
     pair = f"{single}{' ' + bos_text + ':1' if add_bos else ''} $B:1{' ' + eos_text + ':1' if add_eos else ''}"
-    special = [(bos_text, bos)] * add_bos + [(eos_text, eos)] * add_eos
+    special = [(text, i) for text, i in ((bos_text, bos_id), (eos_text, eos_id)) if i is not None]
     return processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
 
 

@@ -91,7 +91,8 @@ def _check_layer_count(source: str, config: ModelConfig, shapes: Mapping[str, tu
     # (never build range(n): n is the claim under test, and may be 2^31).
     if len(found) != config.num_layers or max(found, default=-1) != config.num_layers - 1:
         seen = f"layers 0..{max(found)} ({len(found)} distinct)" if found else "no layers"
-        key = {names.GGUF: f"{config.arch}.block_count", names.HF: "num_hidden_layers"}.get(which, "num_layers")
+        keys: dict[int | None, str] = {names.GGUF: f"{config.arch}.block_count", names.HF: "num_hidden_layers"}
+        key = keys.get(which, "num_layers")
         raise InputError(f"{source}: the header says {key} = {config.num_layers:,} but the file has tensors "
                          f"for {seen}")
 

@@ -83,7 +83,8 @@ class DepthController:
         # so the controller only judges whether its verifies pay — by what they emitted per second
         self.resident = False
         self.yields: deque[tuple[int, float]] = deque(maxlen=YIELD_WINDOW)  # (tokens emitted, seconds) per verify
-        self.matches = {start: deque(maxlen=YIELD_WINDOW) for start in MATCH_BUCKETS}  # the same, by match length
+        self.matches: dict[int, deque[tuple[int, float]]] = {  # the same, by match length
+            start: deque(maxlen=YIELD_WINDOW) for start in MATCH_BUCKETS}
         self.least = 1  # the least match length a resident verify needs (the device's limit)
         self.plain_since = 0  # resident plain steps since `least` last changed
         self._reset_estimates()

@@ -69,6 +69,7 @@ def build_drafter(speculation: Speculation, runner: Any, self_drafter: Callable[
         return self_drafter(layers)
     from kerneltriage.engine.sources import load_checkpoint
 
+    assert speculation.draft_model is not None  # Speculation's own check: a draft source names its model
     checkpoint = load_checkpoint(speculation.draft_model, f"--spec {speculation.source_text!r}")
     check_same_vocabulary(runner.checkpoint, checkpoint)
     return draft_runner(checkpoint)

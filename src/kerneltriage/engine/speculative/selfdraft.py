@@ -25,12 +25,11 @@ class DraftModel(Protocol):
     config: ModelConfig
     layers: Any  # its blocks: a slice is the first L of them
     cache: Any
+    # the output head, (…, hidden) → (…, V): an attribute, since the layer-skip draft points it at the target's
+    logits: Callable[[Array], Array]
 
     def hidden(self, tokens: Array, start: int) -> Array:
         """Final-normed hidden states (1, T, hidden) of tokens (1, T) at positions start…; fills the cache."""
-
-    def logits(self, hidden: Array) -> Array:
-        """The output head: (…, hidden) → (…, V)."""
 
 
 def draft_steps(model: DraftModel, feed: Array, start: int, k: int, pick: PickFn) -> list[Array]:

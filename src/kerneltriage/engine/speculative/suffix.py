@@ -150,7 +150,7 @@ class SuffixAutomaton:
 def copy_from(text: list[int], begin: int, count: int) -> list[int]:
     """`count` tokens of `text` from `begin` on. A copy that runs into the end of the text continues from its own
     start (LZ77-style overlap), so a short period still yields `count`."""
-    size, out = len(text), []
+    size, out = len(text), list[int]()
     for i in range(begin, begin + count):
         out.append(text[i] if i < size else out[i - size])
     return out
@@ -187,8 +187,9 @@ def draft_length(matched: int, agreed: int, limit: int) -> int:
 
 def tree_candidates(automaton: SuffixAutomaton, limit: int, most: int) -> list[list[int]]:
     """Up to `most` distinct continuations for a tree draft: those of the longest match (as long as a match
-    of its length may draft, branching wherever its earlier occurrences went on differently), then, while the longest match is short (< LONG_MATCH) and
-    its earlier occurrences agreed, those of shorter matches (the suffix links)."""
+    of its length may draft, branching wherever its earlier occurrences went on differently), then, while the
+    longest match is short (< LONG_MATCH) and its earlier occurrences agreed, those of shorter matches (the suffix
+    links)."""
     found: list[list[int]] = []
     state = automaton.match.state
     while state and len(found) < most:  # state 0 is the empty suffix: no match
