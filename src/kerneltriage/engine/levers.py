@@ -67,6 +67,7 @@ class Lever:
     clashes: tuple[Clash, ...] = ()
     warmup: tuple[tuple[str, float], ...] = ()  # (backend, seconds before its first timed run: compilation)
     gated: bool = False  # it routes attention to another path: worth trying only where the gate audit finds one
+    needs_constraint: bool = False  # it acts only on a constrained workload (--choices/--regex/--json-schema)
 
     def __post_init__(self) -> None:
         for field, value, allowed in (("question", self.question, QUESTIONS), ("stage", self.stage, STAGES),
@@ -162,6 +163,11 @@ TABLE: tuple[Lever, ...] = (
     Lever("prefill_graphs", "dispatch", "step", "the prefill replayed from CUDA graphs: the prompt padded to a "
           "multiple of 64 rows (one graph per bucket, captured on first use), the real last "
           "row's logits kept", phases=("prefill",), numerics="reorders", devices=("cuda",)),
+    Lever("vocab_compact", "delete", "step", "under a constraint, a decode step whose allowed tokens are few (up "
+          "to the measured crossover) computes only their rows of the output projection (gathered, one small GEMV), "
+          "the rest -inf, instead of every row and a mask", phases=("decode",), numerics="reorders",
+          seams=("lm_head",), needs_constraint=True,
+          clashes=(Clash(("compile",), "its step up to the output projection would run uncompiled", ("torch",)),)),
     # loop stage: the token loop around the steps
     Lever("one_sync", "dispatch", "loop", "one host readback per token; the next step is queued before it is read "
           "(MLX: mx.async_eval)", phases=("decode",), backends=BOTH, devices=DEVICES),
@@ -191,6 +197,7 @@ class Place:
     device_type: str
     arch: str
     seams: tuple[str, ...] = SEAMS
+    constrained: bool = False  # the workload's output follows a constraint
 
 
 def _clash(lever: Lever, other: str, backend: str) -> str | None:
@@ -209,6 +216,8 @@ def refusal(setting: "LeverSetting", on: tuple["LeverSetting", ...], place: Plac
     missing = [seam for seam in lever.seams if seam not in place.seams]
     if missing:
         return f"replaces the {', '.join(missing)} seam, which a {place.arch} model does not have"
+    if lever.needs_constraint and not place.constrained:
+        return "acts only under a constraint (--choices, --regex or --json-schema)"
     if lever.architectures and place.arch not in lever.architectures:
         return f"takes {', '.join(lever.architectures)} layers, not {place.arch}'s"
     names = {s.name for s in on}
