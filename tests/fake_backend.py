@@ -68,6 +68,8 @@ class _Read:
 
 
 class FakeSampler:
+    host_bound = False  # no constraint: the loops never wait for a token to sample the next
+
     def __init__(self, prompt: Sequence[int]) -> None:
         self.prompt = list(prompt)
 

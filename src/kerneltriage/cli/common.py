@@ -8,12 +8,15 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.levers import help_table
 from kerneltriage.engine.speculative.config import AUTO_MAX_DEPTH, MAX_DEPTH, PADDED_MAX_DEPTH, SPEC_HELP
+
+if TYPE_CHECKING:
+    from kerneltriage.engine.constraint import Constraint
 
 def _presets_help() -> str:
     from kerneltriage.engine.presets import PRESETS
@@ -49,6 +52,35 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     add("--spec-depth", default=None, help=f"draft tokens per step: 1..{MAX_DEPTH} or auto (default: auto — the cost "
         f"model picks k ≤ {AUTO_MAX_DEPTH}, ≤ {PADDED_MAX_DEPTH} for a lookup where verifies are graphed; steps "
         "chosen on the device fill the padded shape k needs, and draft only where a match is)")
+
+
+def add_constraint_arguments(parser: argparse.ArgumentParser) -> None:
+    """--choices/--regex/--json-schema: what every generated output must match (a constrained workload)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--choices", default=None, help="constrained decoding: the output is one of these "
+                       "comma-separated strings, e.g. yes,no,maybe")
+    group.add_argument("--regex", default=None, help="constrained decoding: the output matches this regular expression")
+    group.add_argument("--json-schema", type=Path, default=None, metavar="FILE",
+                       help="constrained decoding: the output is JSON valid against this schema (docs/constrained.md)")
+
+
+def constraint_flags(args: argparse.Namespace) -> "Constraint | None":
+    """The constraint the flags ask for, checked before anything loads (the library's presence too)."""
+    from kerneltriage.engine.constraint import parse_constraint
+    from kerneltriage.engine.grammar import require_library
+
+    constraint = parse_constraint(args.choices, args.regex, args.json_schema)
+    if constraint is not None:
+        require_library(constraint)
+    return constraint
+
+
+def constrain(checkpoint: Any, constraint: "Constraint | None") -> None:
+    """Compile the constraint for the checkpoint's tokenizer: every runner built from it then decodes under it."""
+    from kerneltriage.engine.grammar import Grammar
+
+    if constraint is not None:
+        checkpoint.grammar = Grammar(constraint, checkpoint.tokenizer, checkpoint.config.vocab_size)
 
 
 def run_config(args: argparse.Namespace, speculate: bool = True) -> RunConfig:

@@ -6,7 +6,8 @@ import argparse
 import math
 import sys
 
-from kerneltriage.cli.common import LEVERS_HELP, add_model_arguments, build_runner, run_config
+from kerneltriage.cli.common import (LEVERS_HELP, add_constraint_arguments, add_model_arguments, build_runner,
+                                     constrain, constraint_flags, run_config)
 from kerneltriage.core.errors import InputError
 
 EPILOG = """examples:
@@ -14,6 +15,8 @@ EPILOG = """examples:
   kerneltriage generate --no-chat --prompt "The capital of France is"   (raw completion, no chat template)
   kerneltriage generate --model llama3-8b --prompt hi --max-tokens 64   (random weights: speed only)
   kerneltriage generate --model ./Qwen3-0.6B --device cpu --dtype bf16 --levers last_logits
+  kerneltriage generate --prompt "Is water wet?" --choices yes,no      (the answer is one of the choices)
+  kerneltriage generate --prompt "A user record" --json-schema person.json --levers vocab_compact
 
 --model takes 'default' (SmolLM2-135M-Instruct, fetched into the user cache on first use), a preset
 (real shapes, random weights), a .gguf file or a Hugging Face folder (config.json + *.safetensors)."""
@@ -63,6 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--repetition-penalty", type=_finite, default=1.0,
                         help="divide the logits of the last 20 tokens by this (1 = off), as mlx-lm does")
     parser.add_argument("--stop", action="append", default=[], type=_stop_string, help="stop string (repeatable)")
+    add_constraint_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -79,8 +83,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"sampling: {exc}") from None
     if not args.prompt:
         raise InputError("--prompt '': expected some text")
-    config = run_config(args)
+    config, constraint = run_config(args), constraint_flags(args)
     checkpoint = load_checkpoint(args.model)
+    constrain(checkpoint, constraint)
     prompt = encode_prompt(checkpoint, args.prompt, chat_mode(args.chat, checkpoint))
     runner = build_runner(checkpoint, args, config)
     last = None
@@ -136,8 +141,9 @@ def cut_line(runner, last, max_tokens: int) -> str | None:  # noqa: ANN001 - a b
     """Where a generation that did not end by itself was cut: --max-tokens or the model's context."""
     if last is None or last.finish_reason != "length":
         return None
+    unfinished = "" if runner.checkpoint.grammar is None else " (so it does not match the constraint yet)"
     if last.generation_tokens >= max_tokens:
-        return f"stopped at --max-tokens {max_tokens} before the model ended its answer (raise it for more)"
+        return f"stopped at --max-tokens {max_tokens} before the model ended its answer{unfinished} (raise it for more)"
     return f"stopped at the model's context of {runner.config.max_context} tokens before the model ended its answer"
 
 
@@ -145,6 +151,8 @@ def summary_line(runner, last) -> str:  # noqa: ANN001
     if last is None:
         return "no tokens generated"
     levers = ",".join(runner.run_config.lever_names) or "none"
+    grammar = runner.checkpoint.grammar
     return (f"prompt {last.prompt_tokens} tok | prefill {last.prompt_tps:,.1f} tok/s | "
             f"decode {last.generation_tps:,.1f} tok/s ({last.generation_tokens} tok) | "
-            f"peak memory {last.peak_memory / 1e6:,.0f} MB | levers {levers}")
+            f"peak memory {last.peak_memory / 1e6:,.0f} MB | levers {levers}"
+            + ("" if grammar is None else f" | constraint {grammar.constraint.label}"))

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from kerneltriage.engine.levers import Place
     from kerneltriage.engine.probes import (GateRow, KernelCheck, KernelTiming, PhaseProfile, SdpaCall, Sparsity,
                                             SweepCurve)
-    from kerneltriage.engine.sampling import SamplingParams
+    from kerneltriage.engine.sampling import LogitsProcessor, SamplingParams
     from kerneltriage.engine.speculative.config import Speculation
     from kerneltriage.engine.speculative.stats import SpecStats
 
@@ -59,8 +59,19 @@ class Sampler(Protocol):
     def argmax_only(self) -> bool:
         """Sampling is the argmax of the raw logits (greedy, no logits processors): what a resident step accepts."""
 
+    @property
+    def host_bound(self) -> bool:
+        """A processor keeps its state on the host (a constraint): it must be told each token (`follow`)."""
+
     def __call__(self, logits: Array) -> Array:
         """The next token (a device array) from logits (1, V); the token joins the history."""
+
+    def follow(self, token: int) -> None:
+        """A token this sampler's `__call__` emitted, read on the host: the host-side processors commit it (and compute
+        the next step's mask). The loops call it once per such token; `accept` follows what it emits itself."""
+
+    def rows(self, limit: int) -> Any:
+        """The token ids a constraint allows next when there are at most `limit` (host ints), else None."""
 
     def accept(self, logits: Array, draft: Any) -> list[int]:
         """Speculative acceptance over verify logits (k+1, V) of `draft` (backend's draft record): the tokens
@@ -71,9 +82,11 @@ class Steps(Protocol):
     """What a token loop needs from a runner."""
 
     counters: Counter
+    compact_limit: int  # the most allowed rows a decode step computes alone (`vocab_compact`); 0: never
 
-    def decode(self, token: int | Array, position: int) -> Array:
-        """One decode step of a token (a host id or a device array (1,)) at `position`: logits (1, V)."""
+    def decode(self, token: int | Array, position: int, rows: Sequence[int] | None = None) -> Array:
+        """One decode step of a token (a host id or a device array (1,)) at `position`: logits (1, V). With `rows`
+        (at most `compact_limit` ids a constraint allows), only those rows' logits are computed, the others -inf."""
 
     def verify(self, last: int, drafts: Sequence[int] | Array, start: int, rows: int) -> Array:
         """One forward over [last, drafts…] at positions start…: logits (k+1, V) of the real rows; padded to
@@ -164,8 +177,10 @@ class Runner(Steps, Protocol):
     def prefill(self, tokens: Sequence[int], start: int) -> Array:
         """Prefill host tokens at positions start…: logits (1, V) of the last position."""
 
-    def sampler(self, params: "SamplingParams", prompt: Sequence[int]) -> Sampler:
-        """A sampler for one generation after `prompt`."""
+    def sampler(self, params: "SamplingParams", prompt: Sequence[int],
+                processors: Sequence["LogitsProcessor"] = ()) -> Sampler:
+        """A sampler for one generation after `prompt`, applying `processors` in order, then the workload's
+        constraint where its checkpoint has one (a fresh matcher each call), then the repetition penalty."""
 
     def loop(self, logits: Array, start: int, count: int, sampler: Sampler) -> Iterator[int]:
         """The token loop (stock, pipelined or speculative, as the levers chose): `count` host token ids."""

@@ -12,6 +12,7 @@ from kerneltriage.engine.config import ModelConfig
 from kerneltriage.engine.names import param_name
 
 if TYPE_CHECKING:
+    from kerneltriage.engine.grammar import Grammar
     from kerneltriage.engine.tokenizer import Tokenizer
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -45,6 +46,9 @@ class Checkpoint:
     source: str
     chat_template: str | None = None
     meta: dict[str, object] = field(default_factory=dict)
+    # the workload's output constraint, compiled for this tokenizer (engine/constraint.py says why it rides here):
+    # every runner built from the checkpoint samples under it; None: free text
+    grammar: "Grammar | None" = None
 
     @property
     def weight_bytes(self) -> int:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 from kerneltriage.core.errors import InputError
-from kerneltriage.engine.sampling import SamplingParams
+from kerneltriage.engine.sampling import LogitsProcessor, SamplingParams
 
 if TYPE_CHECKING:
     from kerneltriage.engine.backend import Runner
@@ -75,17 +75,20 @@ def check_prompt(runner: "Runner", prompt: Sequence[int], max_tokens: int) -> in
     return min(context, len(prompt) + max_tokens)
 
 
-def generate_step(runner: "Runner", prompt: Sequence[int], params: SamplingParams, max_tokens: int
-                  ) -> Iterator[int]:
-    """Yield up to `max_tokens` token ids (fewer if the context fills). The caller decides when to stop."""
+def generate_step(runner: "Runner", prompt: Sequence[int], params: SamplingParams, max_tokens: int,
+                  processors: Sequence[LogitsProcessor] = ()) -> Iterator[int]:
+    """Yield up to `max_tokens` token ids (fewer if the context fills). The caller decides when to stop.
+    `processors` (`(tokens, logits) → logits`) apply before sampling, ahead of the workload's constraint."""
     needed = check_prompt(runner, prompt, max_tokens)
     runner.reset_cache(needed)
     logits = runner.prefill(prompt, 0)
-    yield from runner.loop(logits, len(prompt), needed - len(prompt), runner.sampler(params, prompt))
+    sampler = runner.sampler(params, prompt, processors)
+    yield from runner.loop(logits, len(prompt), needed - len(prompt), sampler)
 
 
 def stream_generate(runner: "Runner", prompt: Sequence[int], params: SamplingParams, max_tokens: int,
-                    stop: tuple[str, ...] = ()) -> Iterator[GenerationResponse]:
+                    stop: tuple[str, ...] = (), processors: Sequence[LogitsProcessor] = ()
+                    ) -> Iterator[GenerationResponse]:
     """Yield one record per generated token with the new text and running speeds.
 
     Prefill rate = prompt tokens / time to first token; decode rate excludes that first token.
@@ -97,7 +100,7 @@ def stream_generate(runner: "Runner", prompt: Sequence[int], params: SamplingPar
     runner.reset_peak_memory()
     start = runner.clock()
     first = prompt_tps = 0.0
-    for count, token in enumerate(generate_step(runner, prompt, params, limit), start=1):
+    for count, token in enumerate(generate_step(runner, prompt, params, limit, processors), start=1):
         now = runner.clock()
         if count == 1:
             first, prompt_tps = now, len(prompt) / (now - start)
@@ -113,6 +116,6 @@ def stream_generate(runner: "Runner", prompt: Sequence[int], params: SamplingPar
 
 
 def generate(runner: "Runner", prompt: Sequence[int], params: SamplingParams, max_tokens: int,
-             stop: tuple[str, ...] = ()) -> str:
+             stop: tuple[str, ...] = (), processors: Sequence[LogitsProcessor] = ()) -> str:
     """The whole completion as text."""
-    return "".join(r.text for r in stream_generate(runner, prompt, params, max_tokens, stop))
+    return "".join(r.text for r in stream_generate(runner, prompt, params, max_tokens, stop, processors))

@@ -59,7 +59,8 @@ class RunnerBase:
     @property
     def place(self) -> Place:
         """Where levers would run: the backend, device type, architecture and the model's named seams."""
-        return Place(self.backend, self.device_type, self.config.arch, self.model.SEAMS)
+        return Place(self.backend, self.device_type, self.config.arch, self.model.SEAMS,
+                     constrained=self.checkpoint.grammar is not None)
 
     # the cache
     def reset_cache(self, needed: int, batch: int = 1) -> Any:
@@ -99,6 +100,20 @@ class RunnerBase:
 
     def host_logits(self, logits: Array) -> "np.ndarray":
         """A float32 copy of device logits on the host, now (a graphed step's output slot is rewritten later)."""
+        raise NotImplementedError
+
+    def workload_processors(self, offset: int) -> tuple:
+        """The workload's constraint as a logits processor, a fresh matcher for one generation after `offset` prompt
+        tokens: none where the checkpoint carries no constraint."""
+        grammar = self.checkpoint.grammar
+        if grammar is None:
+            return ()
+        from kerneltriage.engine.constrained import ConstraintProcessor
+
+        return (ConstraintProcessor(grammar, self.masked, offset),)
+
+    def masked(self, logits: Array, words: "np.ndarray") -> Array:
+        """`logits` (1, V) with every token whose bit is clear in the host bitmask `words` (int32) at -inf."""
         raise NotImplementedError
 
     def loop(self, logits: Array, start: int, count: int, sampler: "Sampler") -> Iterator[int]:

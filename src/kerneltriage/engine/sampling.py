@@ -51,6 +51,22 @@ class ProcessedSampler:
             self.processors.append(penalty(params.repetition_penalty))
 
     @property
+    def host_bound(self) -> bool:
+        """A processor keeps its state on the host (a constraint): the loops tell it each token (`follow`)."""
+        return any(hasattr(p, "follow") for p in self.processors)
+
+    def follow(self, token: int) -> None:
+        """A token this generation emitted, read on the host: the host-side processors commit it."""
+        for processor in self.processors:
+            if hasattr(processor, "follow"):
+                processor.follow(token)
+
+    def rows(self, limit: int) -> Any:
+        """The ids a constraint allows next when at most `limit` (a step may compute only those rows), else None."""
+        constraint = next((p for p in self.processors if hasattr(p, "rows")), None)
+        return None if constraint is None else constraint.rows(limit)
+
+    @property
     def argmax_only(self) -> bool:
         """Sampling is the argmax of the raw logits (greedy, no processors): what a resident step accepts."""
         return self.params.greedy and not self.processors

@@ -72,6 +72,7 @@ class Runner(RunnerBase):
     # Proof of execution: every lever's replacement code counts its own runs here.
     counters: Counter = field(default_factory=Counter)
     backend: str = "mlx"
+    compact_limit: int = 0  # vocab_compact has no MLX applier yet: decode steps compute every row
 
     @property
     def mx_dtype(self) -> mx.Dtype:
@@ -107,7 +108,7 @@ class Runner(RunnerBase):
     def prefill(self, tokens: Sequence[int], start: int) -> mx.array:
         return _scheduled(self.prefill_step(self.model, self.tensor(tokens), start))
 
-    def decode(self, token: int | mx.array, position: int) -> mx.array:
+    def decode(self, token: int | mx.array, position: int, rows: Sequence[int] | None = None) -> mx.array:
         step = token.reshape(1, 1) if isinstance(token, mx.array) else self.tensor([token])
         return _scheduled(self.decode_step(self.model, step, position))
 
@@ -115,8 +116,14 @@ class Runner(RunnerBase):
         tokens = mx.concatenate([mx.array([last], dtype=mx.int32), mx.array(drafts).astype(mx.int32)])  # (k+1,)
         return _scheduled(self.verify_step(self.model, tokens.reshape(1, -1), start))
 
-    def sampler(self, params: SamplingParams, prompt: Sequence[int]) -> MlxSampler:
-        return MlxSampler(params, list(prompt))
+    def sampler(self, params: SamplingParams, prompt: Sequence[int],
+                processors: Sequence[LogitsProcessor] = ()) -> MlxSampler:
+        return MlxSampler(params, list(prompt), (*processors, *self.workload_processors(len(prompt))))
+
+    def masked(self, logits: mx.array, words: np.ndarray) -> mx.array:
+        # the bitmask goes over as its int32 words (V/8 bytes) and is unpacked on the device
+        bits = (mx.array(words)[:, None] >> mx.arange(32, dtype=mx.int32)) & 1  # (⌈V/32⌉, 32)
+        return mx.where(bits.reshape(-1)[: logits.shape[-1]].astype(mx.bool_), logits, float("-inf"))
 
     def read_later(self, token: mx.array) -> _Pending:
         return _Pending(token)
@@ -149,3 +156,9 @@ class Runner(RunnerBase):
 
     def host_logits(self, logits: mx.array) -> np.ndarray:
         return np.array(logits.astype(mx.float32), copy=True)
+
+if TYPE_CHECKING:  # the type checker holds this runner to the backend protocol
+    from kerneltriage.engine import backend as protocol
+
+    def _conforms(runner: Runner) -> protocol.Runner:
+        return runner

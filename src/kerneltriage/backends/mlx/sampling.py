@@ -104,6 +104,8 @@ class MlxSampler(ProcessedSampler):
         emitted = greedy_accept(logits, drafts) if self.params.greedy else self._sampled(logits, drafts, draft)
         if self.processors:
             self.history = mx.concatenate([self.history, mx.array(emitted, dtype=mx.int32)])
+            for token in emitted:
+                self.follow(token)
         return emitted
 
     def _sampled(self, logits: mx.array, drafts: mx.array, draft: Draft) -> list[int]:

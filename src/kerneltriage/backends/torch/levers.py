@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kerneltriage.backends.torch import accelerate, attention_levers, counting, fused_layer, kernel_lever, quantized
+from kerneltriage.backends.torch import (accelerate, attention_levers, counting, fused_layer, kernel_lever, quantized,
+                                         vocab_compact)
 from kerneltriage.backends.torch.models.llama import RMSNorm
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
@@ -103,6 +104,7 @@ APPLIERS: dict[str, Applier] = {
     "compile_prefill": accelerate.compile_prefill,
     "prefill_graphs": accelerate.prefill_graphs,
     "graphs": lambda runner, value: accelerate.graphs(runner),
+    "vocab_compact": lambda runner, value: vocab_compact.vocab_compact(runner),
     "one_sync": one_sync,
 }
 

@@ -19,7 +19,7 @@ from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.decoding import TokenLoop, plain_loop
 from kerneltriage.engine.runner_base import RunnerBase, decode_one, prefill, verify_rows
-from kerneltriage.engine.sampling import SamplingParams
+from kerneltriage.engine.sampling import LogitsProcessor, SamplingParams
 from kerneltriage.engine.speculative.resident import WIDEST
 from kerneltriage.engine.speculative.tree import TokenTree
 
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 StepFn = Callable[[Model, torch.Tensor, int], torch.Tensor]
 # (model, tokens (1, T), start) -> logits (T, V) of every position: the speculative verify forward
 RowsFn = Callable[[Model, torch.Tensor, int], torch.Tensor]
+# (model, token (1, 1), start, allowed ids) -> logits (1, V): only the allowed rows computed (vocab_compact)
+CompactStepFn = Callable[[Model, torch.Tensor, int, Sequence[int]], torch.Tensor]
 PINNED_SLOTS = 2  # host buffers for tokens in flight: the pipelined loop reads one while the next is copied
 
 
@@ -85,6 +87,8 @@ class Runner(RunnerBase):
     run_config: RunConfig = field(default_factory=RunConfig)
     speculation: "Speculating | None" = None
     resident_steps: "ResidentQueue | None" = None  # steps that draft from, choose by and append to the device's text
+    compact_limit: int = 0  # the most allowed rows a decode step computes alone (vocab_compact); 0: never
+    compact_step: "CompactStepFn | None" = None  # (model, token (1, 1), start, rows) -> logits (1, V)
     # Proof of execution: every lever's replacement code counts its own runs here.
     counters: Counter = field(default_factory=Counter)
     backend: str = "torch"
@@ -126,8 +130,10 @@ class Runner(RunnerBase):
         return self.prefill_step(self.model, self.tensor(tokens), start)
 
     @torch.inference_mode()
-    def decode(self, token: int | torch.Tensor, position: int) -> torch.Tensor:
+    def decode(self, token: int | torch.Tensor, position: int, rows: Sequence[int] | None = None) -> torch.Tensor:
         step = token.view(1, 1) if isinstance(token, torch.Tensor) else self.tensor([token])
+        if rows is not None and self.compact_step is not None:
+            return self.compact_step(self.model, step, position, rows)
         return self.decode_step(self.model, step, position)
 
     @torch.inference_mode()
@@ -185,8 +191,16 @@ class Runner(RunnerBase):
         """After a tree verify at `start`: keep the root and the accepted nodes `path` in order, drop the rest."""
         keep_branch(self.model.cache, start, path)
 
-    def sampler(self, params: SamplingParams, prompt: Sequence[int]) -> TorchSampler:
-        return TorchSampler(params, list(prompt), self.device)
+    def sampler(self, params: SamplingParams, prompt: Sequence[int],
+                processors: Sequence[LogitsProcessor] = ()) -> TorchSampler:
+        return TorchSampler(params, list(prompt), self.device, (*processors, *self.workload_processors(len(prompt))))
+
+    def masked(self, logits: torch.Tensor, words: np.ndarray) -> torch.Tensor:
+        # the bitmask goes over as its int32 words (V/8 bytes) and is unpacked on the device
+        packed = torch.from_numpy(words).to(self.device, non_blocking=True)  # (⌈V/32⌉,)
+        bits = (packed.unsqueeze(1) >> torch.arange(32, dtype=torch.int32, device=self.device)) & 1  # (⌈V/32⌉, 32)
+        allowed = bits.view(-1)[: logits.shape[-1]].bool()  # (V,)
+        return logits.masked_fill(~allowed, float("-inf"))
 
     def read_later(self, token: torch.Tensor) -> _Pending | _Read:
         if self.device.type != "cuda":

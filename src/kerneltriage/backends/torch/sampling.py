@@ -106,6 +106,8 @@ class TorchSampler(ProcessedSampler):
         emitted = greedy_accept(logits, drafts) if self.params.greedy else self._sampled(logits, drafts, draft)
         if self.processors:
             self.history = torch.cat([self.history, torch.tensor(emitted, device=self.history.device)])
+            for token in emitted:
+                self.follow(token)
         return emitted
 
     def accept_tree(self, logits: torch.Tensor, tree: TokenTree) -> tuple[list[int], list[int]]:
@@ -121,6 +123,8 @@ class TorchSampler(ProcessedSampler):
         emitted = [tree.tokens[node - 1] for node in path] + [best[path[-1] if path else 0]]
         if self.processors:
             self.history = torch.cat([self.history, torch.tensor(emitted, device=self.history.device)])
+            for token in emitted:
+                self.follow(token)
         return emitted, path
 
     def _path_tokens(self, tree: TokenTree, row: int) -> torch.Tensor:

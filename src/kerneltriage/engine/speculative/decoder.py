@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterator
 
 from kerneltriage.core.errors import InputError
+from kerneltriage.engine.decoding import first_logits, next_logits
 from kerneltriage.engine.speculative.config import (AUTO_MAX_DEPTH, PADDED_MAX_DEPTH, TREE_GREEDY_ONLY, Speculation,
                                                     padded_rows)
 from kerneltriage.engine.speculative.controller import DepthController
@@ -93,6 +94,8 @@ class SpeculativeDecoder:
             self.drafter.catch_up(list(sampler.prompt))
         self.shadow.clear()
         context = list(sampler.prompt) + [runner.read_later(sampler(logits)).result()]
+        if sampler.host_bound:
+            sampler.follow(context[-1])
         yield context[-1]
         try:
             while len(context) < start + count:
@@ -149,15 +152,17 @@ class SpeculativeDecoder:
         fixed depth get one step at a time while drafting is on. A step's cost is the time between two tokens
         arriving: the device's step when the host keeps up."""
         position = len(context) - 1  # where the token being fed goes
-        token = sampler(runner.decode(context[-1], position))
+        token = sampler(first_logits(runner, sampler, context[-1], position))
         self._settle()
         last = self.host_clock()
         self.drafted = None
         while True:
             pending = runner.read_later(token)
             more = len(context) + 1 < end and self._keep_plain()
-            if more:  # queue the next step before waiting for this token
-                token = sampler(runner.decode(token, position + 1))
+            if more:  # queue the next step before waiting for this token (a constraint's mask: while it runs)
+                token = sampler(next_logits(runner, sampler, token, pending, position + 1))
+            elif sampler.host_bound:
+                sampler.follow(pending.result())
             context.append(pending.result())
             now = self.host_clock()
             self.stats.record_plain(now - last)
