@@ -26,7 +26,7 @@ from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.decoding import TokenLoop, plain_loop
 from kerneltriage.engine.runner_base import RunnerBase, decode_one, prefill, verify_rows
-from kerneltriage.engine.sampling import SamplingParams
+from kerneltriage.engine.sampling import LogitsProcessor, SamplingParams
 
 if TYPE_CHECKING:
     from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
