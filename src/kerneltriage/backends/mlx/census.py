@@ -4,7 +4,8 @@ MLX evaluates lazily, so a host wait happens exactly where Python asks for a val
 `.tolist()`, a numpy conversion (`np.array(x)`, `np.asarray(x)`, `__array__`). Those calls are wrapped for the
 counted run only and each is counted at the innermost frame outside MLX and this file. `mx.async_eval` schedules work without
 waiting: it is counted apart ("scheduled"), not as a sync. Dtype conversions (`astype`) are counted as casts by
-kind. MLX builds ops in C++, so there is no per-op count: `ops` is 0 (and says nothing).
+kind. `ops` is the primitives one step builds as a GPU runs them (`graph_ops.py`: each `mx.fast` call one op,
+views left out), per prefill of the prompt or per decode step after it, counted on the graph apart from the run.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Callable, Iterator, Sequence
 import mlx.core as mx
 import numpy as np
 
+from kerneltriage.backends.mlx import graph_ops
 from kerneltriage.backends.mlx.runner import Runner
 from kerneltriage.engine import census as counts
 from kerneltriage.engine.census import Census
@@ -96,5 +98,8 @@ def census_decode(runner: Runner, prefix: Sequence[int], tokens: int) -> Census:
 
 
 def per_unit(runner: Runner, phase: str, prefix: Sequence[int], tokens: Sequence[int] | int) -> dict[str, Any]:
-    """The census per prefill (its logits read) or per decode token (engine/census.py: per_unit)."""
-    return counts.per_unit(runner, phase, prefix, tokens, counting, read=True)
+    """The census per prefill (its logits read) or per decode token (engine/census.py: per_unit), with the ops of
+    one such step (`ops`, by primitive in `op_kinds`)."""
+    per = counts.per_unit(runner, phase, prefix, tokens, counting, read=True)
+    built = graph_ops.step_ops(runner, phase, len(prefix) if isinstance(tokens, int) else len(tokens))
+    return per | {"ops": float(sum(built.values())), "op_kinds": dict(built.most_common(counts.MAX_SITES))}
