@@ -61,7 +61,7 @@ def _seconds(text: str) -> float:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `ab` to the top-level subcommands."""
-    from kerneltriage.cli.common import LEVERS_HELP, add_engine_arguments
+    from kerneltriage.cli.common import LEVERS_HELP, add_constraint_arguments, add_engine_arguments
 
     parser = subparsers.add_parser(
         "ab", help="honest A/B of two configurations: A/A noise, paired runs, checklist, verdict",
@@ -80,6 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--no-chat", dest="chat", action="store_false", help="with --prompts: the prompts as written, no chat template")
     add("--output", choices=OUTPUTS, default="table", help="table | json | md (default: table)")
     add("--ledger", type=Path, default=default_ledger_path(), help="ledger file (default: %(default)s)")
+    add_constraint_arguments(parser)  # both sides decode under it: a constrained workload
     parser.set_defaults(func=run)
 
 
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from kerneltriage.bench.ab import Settings, build_runners, run_ab
     from kerneltriage.bench.ab_report import record
     from kerneltriage.bench.workloads import check_fits, load_prompt_set
-    from kerneltriage.cli.common import check_before_loading
+    from kerneltriage.cli.common import check_before_loading, constrain, constraint_flags
     from kerneltriage.core.environment import capture_environment
     from kerneltriage.core.errors import InputError
     from kerneltriage.core.ledger import Ledger
@@ -98,10 +99,12 @@ def run(args: argparse.Namespace) -> int:
 
     a, b = RunConfig.parse(args.a, "--a"), RunConfig.parse(args.b, "--b")
     check_before_loading(args, a, b)
+    constraint = constraint_flags(args)
     if args.prompts is not None and not args.prompts.is_file():
         raise InputError(f"--prompts {args.prompts}: no such file (expected JSON lines of {{\"prompt\": ...}})")
     backend = get_backend(args.backend)
     checkpoint = load_checkpoint(args.model)
+    constrain(checkpoint, constraint)
     prompt_set = load_prompt_set(args.prompts, checkpoint.tokenizer, args.chat) if args.prompts else None
     settings = Settings(args.prompt, args.gen, args.pairs, args.warmups, args.sustain, prompt_set)
     check_fits(settings.tests, checkpoint.config.max_context)
@@ -113,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
         environment = capture_environment()
         with _spinner() as progress:
             report = run_ab(backend, runners, settings, progress)
+        if constraint is not None:  # the workload's, recorded beside the two configurations
+            report.config["constraint"] = constraint.label
         experiment_id = record(report, ledger, environment)
     result = {"experiment_id": experiment_id, "config": report.config, **report.summary(),
               "environment": environment, "measurements": [m.to_dict() for m in report.measurements]}

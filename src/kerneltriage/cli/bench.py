@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
-from kerneltriage.cli.common import LEVERS_HELP, add_model_arguments
+from kerneltriage.cli.common import LEVERS_HELP, add_constraint_arguments, add_model_arguments
 from kerneltriage.core.ledger import default_ledger_path
 
 OUTPUTS = ("table", "md", "csv", "json")
@@ -69,13 +69,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--llama-bench", type=Path, help="a llama-bench binary for the llama.cpp peer")
     parser.add_argument("--output", choices=OUTPUTS, default="table", help="table | md | csv | json (default: table)")
     parser.add_argument("--ledger", type=Path, default=default_ledger_path(), help="ledger file (default: %(default)s)")
+    add_constraint_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Parse → load → measure (inside one ledger experiment) → render."""
     from kerneltriage.bench.workloads import check_fits, expand
-    from kerneltriage.cli.common import build_runner, run_config
+    from kerneltriage.cli.common import build_runner, constrain, constraint_flags, run_config
     from kerneltriage.core.errors import InputError
     from kerneltriage.core.ledger import Ledger
     from kerneltriage.engine.sources import load_checkpoint
@@ -83,10 +84,15 @@ def run(args: argparse.Namespace) -> int:
 
     tests = expand(args.prompts, args.gens, args.depths)
     peers = parse_peers(args.peers)
-    config = run_config(args)
+    config, constraint = run_config(args), constraint_flags(args)
+    unconstrained = [peer for peer in peers if peer.split(":")[0] not in ("torch", "mlx")]
+    if constraint is not None and unconstrained:  # a peer decoding free text is not the same workload
+        raise InputError(f"--peers {','.join(unconstrained)}: they decode unconstrained; beside {constraint.flag} "
+                         "only the torch and mlx peers (kerneltriage itself) decode the same workload")
     if args.llama_bench is not None and not args.llama_bench.is_file():
         raise InputError(f"--llama-bench {args.llama_bench}: no such file (expected a llama-bench binary)")
     checkpoint = load_checkpoint(args.model)
+    constrain(checkpoint, constraint)
     check_fits(tests, checkpoint.config.max_context)
     with Ledger(args.ledger) as ledger:  # opened first: a file that is not a ledger fails before any work
         runner = build_runner(checkpoint, args, config)
@@ -108,6 +114,8 @@ def measure(runner: Any, tests: list, peers: tuple[str, ...], args: argparse.Nam
     settings = Settings(args.repeats, args.warmups)
     own = get_backend(runner.backend).ceilings(runner.device, runner.dtype)
     config = _config(runner, tests, peers, settings, args, own)
+    if runner.checkpoint.grammar is not None:
+        config["constraint"] = runner.checkpoint.grammar.constraint.label
     environment = capture_environment()
     steps = len(tests) * (settings.warmups + settings.repeats) * (1 + len(peers))
     with _progress_bar(steps) as tell, ledger.experiment("bench", config, environment, _label(runner, tests)) as exp:

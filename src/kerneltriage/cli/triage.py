@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from kerneltriage.cli.common import LEVERS_HELP, add_model_arguments
+from kerneltriage.cli.common import LEVERS_HELP, add_constraint_arguments, add_model_arguments
 from kerneltriage.core.errors import InputError
 from kerneltriage.core.ledger import default_ledger_path
 
@@ -69,13 +69,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--peers", default="", help="stand the final configuration beside these (as bench --peers)")
     parser.add_argument("--llama-bench", type=Path, default=None, help="a llama-bench binary for the llama.cpp peer")
     parser.add_argument("--ledger", type=Path, default=default_ledger_path(), help="ledger file (default: %(default)s)")
+    add_constraint_arguments(parser)  # a constrained workload: every configuration decodes under it
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Parse → load → triage (one ledger experiment) → render."""
     from kerneltriage.bench.workloads import check_fits
-    from kerneltriage.cli.common import build_runner, run_config
+    from kerneltriage.cli.common import build_runner, constrain, constraint_flags, run_config
     from kerneltriage.cli.quiet import framework_output
     from kerneltriage.core.contention import contention
     from kerneltriage.core.environment import take_snapshot
@@ -86,9 +87,12 @@ def run(args: argparse.Namespace) -> int:
     from kerneltriage.triage.setup import Workload
 
     workload = Workload(args.prompt, args.gen, args.depth)
-    config = run_config(args)
+    config, constraint = run_config(args), constraint_flags(args)
     _check_files(args)
+    if constraint is not None and args.peers:
+        raise InputError(f"--peers {args.peers}: peers decode unconstrained, not the {constraint.flag} workload")
     checkpoint = load_checkpoint(args.model)
+    constrain(checkpoint, constraint)
     check_fits([workload.prefill_test, workload.decode_test], checkpoint.config.max_context)
     with Ledger(args.ledger) as ledger, framework_output() as chatter:  # a non-ledger fails before any work
         runner = build_runner(checkpoint, args, config)

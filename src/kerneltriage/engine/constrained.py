@@ -35,11 +35,12 @@ class ConstraintProcessor:
         self.matcher, self.masking, self.offset = grammar.matcher(), masking, offset
         self.vocab = grammar.vocab
         self.cached: np.ndarray | None = None  # the mask of the current state, once computed
+        self.compacted = False  # the current state's rows went to the step: its other logits are -inf already
 
     def follow(self, token: int) -> None:
         """A token this generation emitted, read on the host: commit it and compute the next mask now."""
         self.matcher.follow(token)
-        self.cached = self.matcher.mask().copy()
+        self.cached, self.compacted = self.matcher.mask().copy(), False
 
     def mask(self) -> np.ndarray:
         if self.cached is None:
@@ -49,11 +50,13 @@ class ConstraintProcessor:
     def __call__(self, tokens: Array, logits: Array) -> Array:
         untold = len(tokens) - self.offset - self.matcher.followed
         if untold <= 0:
-            return self.masking(logits, self.mask())
+            return logits if self.compacted else self.masking(logits, self.mask())
         with self.matcher.ahead([int(t) for t in tokens[-untold:].tolist()]):  # one host sync
             return self.masking(logits, self.matcher.mask())
 
     def rows(self, limit: int) -> np.ndarray | None:
-        """The ids allowed next when there are at most `limit` of them (else None: the full projection is cheaper)."""
+        """The ids allowed next when there are at most `limit` of them (else None: the full projection is cheaper).
+        The step that gets them computes only those rows, so the mask is not applied to its logits again."""
         ids = allowed_ids(self.mask(), self.vocab) if limit > 0 else None
-        return ids if ids is not None and len(ids) <= limit else None
+        self.compacted = ids is not None and len(ids) <= limit
+        return ids if self.compacted else None
