@@ -81,7 +81,7 @@ def test_weights_are_the_checkpoint_tensors() -> None:
     assert np.array_equal(np.array(model.embed_tokens.weight), checkpoint.tensors["embed"].data)
     assert np.array_equal(np.array(model.layers[1].self_attn.k_norm.weight), checkpoint.tensors["layers.1.k_norm"].data)
     assert model.lm_head.weight is model.embed_tokens.weight  # tied: one array
-    assert model.inv_freq.dtype == mx.float32
+    assert model.freqs.dtype == mx.float32
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

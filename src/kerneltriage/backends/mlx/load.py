@@ -14,10 +14,11 @@ from mlx.utils import tree_flatten
 from kerneltriage.backends.mlx import device as devices
 from kerneltriage.backends.mlx.dequant import dequantize
 from kerneltriage.backends.mlx.models import Model, model_class
+from kerneltriage.backends.mlx.models.llama import ROPE
 from kerneltriage.backends.mlx.runner import Runner
 from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.presets import PRESET_SEED
-from kerneltriage.engine.rope import rope_inv_freq
+from kerneltriage.engine.rope import rope_frequencies
 
 INIT_STD = 0.02
 
@@ -38,7 +39,7 @@ def load_model(checkpoint: Checkpoint, dtype: mx.Dtype) -> Model:
     weights = _random(model, dtype) if config.random_weights else _from_checkpoint(model, checkpoint, dtype)
     freq_factors = checkpoint.tensors.get("rope_freqs")
     factors = None if freq_factors is None else np.array(dequantize(freq_factors, mx.float32))
-    weights["inv_freq"] = mx.array(rope_inv_freq(config, factors))
+    weights[ROPE] = mx.array(rope_frequencies(config, factors))
     _fill(model, weights)
     mx.eval(model.parameters())
     return model
@@ -51,7 +52,7 @@ def stock_copy(model: Model, dtype: mx.Dtype | None = None) -> Model:
     copy = model_class(model.config.arch)(model.config)
     weights = stock_weights(model)
     if dtype is not None:
-        weights = {name: value if name == "inv_freq" else value.astype(dtype) for name, value in weights.items()}
+        weights = {name: value if name == ROPE else value.astype(dtype) for name, value in weights.items()}
     _fill(copy, weights)
     return copy
 
@@ -67,8 +68,8 @@ class StockWeights:
 
 
 def stock_weights(model: Model) -> dict[str, mx.array]:
-    """The stock parameters of `model` by path, inv_freq included; the originals a lever kept where it replaced
-    modules (`model.stock`), else the parameters a stock skeleton has."""
+    """The stock parameters of `model` by path, the RoPE frequencies included; the originals a lever kept where it
+    replaced modules (`model.stock`), else the parameters a stock skeleton has."""
     kept = getattr(model, "stock", None)
     if kept is not None:
         return {name: value() if callable(value) else value for name, value in kept.weights.items()}
@@ -93,7 +94,7 @@ def _fill(model: Model, weights: dict[str, mx.array]) -> None:
 
 def _expected(model: Model) -> dict[str, tuple[int, ...]]:
     """Every parameter path the checkpoint must fill, with its shape (the tied output head excluded)."""
-    shapes = {name: tuple(value.shape) for name, value in tree_flatten(model.parameters()) if name != "inv_freq"}
+    shapes = {name: tuple(value.shape) for name, value in tree_flatten(model.parameters()) if name != ROPE}
     if model.config.tie_embeddings:
         shapes.pop("lm_head.weight")
     return shapes

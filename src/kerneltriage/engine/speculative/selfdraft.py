@@ -14,9 +14,10 @@ from kerneltriage.engine.speculative.drafters import DraftFn
 Array = Any  # a backend's device array
 # a draft's logits (1, V) → the drafted token (1, 1), drawn by the sampler's rule (a backend's array operation)
 PickFn = Callable[[Array], Array]
-# the parts of the target the layer-skip draft runs as they are: its embedding, final norm, output head, RoPE
-# frequencies and attention function (a lever's replacement included)
-SHARED_PARTS = ("embed_tokens", "norm", "lm_head", "inv_freq", "attention")
+# the parts of the target the layer-skip draft runs as they are: its embedding, final norm, output head and
+# attention function (a lever's replacement included), and its RoPE table, named as each backend's model names it
+SHARED_PARTS = ("embed_tokens", "norm", "lm_head", "attention")
+ROPE_PARTS = ("inv_freq", "freqs")  # torch's inverse frequencies; MLX's frequencies (mx.fast.rope's argument)
 
 
 class DraftModel(Protocol):
@@ -58,7 +59,9 @@ class SelfDrafter:
         """`empty(config)`: an unfilled model of the backend's (no weights allocated); `prefix_cache(cache, L)`: a
         view of the first L layers of `cache` that writes into it; `draft_tokens`: the backend's k-step draft."""
         self.model = empty(target.config.replace(num_layers=layers))
-        for part in SHARED_PARTS:
+        rope = [part for part in ROPE_PARTS if hasattr(target, part)]
+        assert len(rope) == 1, f"a model holds one RoPE table of {ROPE_PARTS}, got {rope}"
+        for part in SHARED_PARTS + tuple(rope):
             setattr(self.model, part, getattr(target, part))
         self.model.layers = target.layers[:layers]
         self.target, self.layers = target, layers

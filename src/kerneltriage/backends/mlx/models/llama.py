@@ -28,41 +28,40 @@ def SDPA(*args: Any, **kwargs: Any) -> mx.array:  # noqa: N802 - stands for mx.f
 SdpaFn = Callable[..., mx.array]
 # (q (B,H,T,D), k (B,Hkv,S,D), v (B,Hkv,S,D), positions, sdpa=SDPA) -> (B,H,T,D); a wrapper passes `sdpa` on
 AttentionFn = Callable[..., mx.array]
+ROPE = "freqs"  # the Model's RoPE frequencies: a parameter no checkpoint holds, float32 in every dtype
 
 
 def sdpa_attention(q: mx.array, k: mx.array, v: mx.array, pos: Positions, sdpa: SdpaFn = SDPA) -> mx.array:
     """Attention of T new queries over the keys the cache returned (GQA: MLX's SDPA takes Hkv < H as it is).
 
-    A static cache supplies its mask. Otherwise: a fresh prompt needs only a causal mask; one new token sees
-    every key; a block after a filled cache (chunked prefill, speculative verify) needs an explicit mask.
+    A static cache supplies its mask. Otherwise the keys are exactly the filled prefix, S = start + T: one new token
+    sees every key (no mask), and a block of T rows (a prompt, a chunk after a filled cache, a speculative verify)
+    is causal from the bottom right, query i seeing keys ≤ start + i — MLX's "causal" (unlike torch's `is_causal`,
+    which aligns top left). A mask array would keep MLX's CUDA attention off its fused kernels (`kernel_rules`).
     """
     length, scale = q.shape[2], 1.0 / math.sqrt(q.shape[-1])
     if pos.mask is not None:
         return sdpa(q, k, v, scale=scale, mask=pos.mask)
-    if pos.start == 0:
-        return sdpa(q, k, v, scale=scale, mask="causal" if length > 1 else None)
-    if length == 1:
-        return sdpa(q, k, v, scale=scale)
-    rows = mx.arange(length)[:, None] + pos.start
-    mask = mx.arange(k.shape[2])[None, :] <= rows  # (T, S): query i sees keys ≤ start+i
-    return sdpa(q, k, v, scale=scale, mask=mask)
+    return sdpa(q, k, v, scale=scale, mask="causal" if length > 1 else None)
 
 
 class Step(NamedTuple):
     """What every layer needs to know about the current forward pass."""
 
     pos: Positions
-    cos: mx.array  # (T, D)
-    sin: mx.array  # (T, D)
+    offset: int | mx.array  # RoPE's first position: the host's int, or (1,) int32 under compile (torch: cos, sin)
+    freqs: mx.array  # (D/2,) float32: RoPE's frequencies, the reciprocals of the angles' inverse frequencies
     cache: KVCache
     attention: AttentionFn
 
 
-def apply_rope(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
-    """Rotate the two halves of each head (HF/NeoX layout): x·cos + rotate_half(x)·sin."""
-    half = x.shape[-1] // 2
-    rotated = mx.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos + rotated * sin
+def apply_rope(x: mx.array, offset: int | mx.array, freqs: mx.array) -> mx.array:
+    """Rotate the two halves of each head (HF/NeoX layout): x·cos + rotate_half(x)·sin at angles position·(1/freqs).
+
+    One `mx.fast.rope` kernel on a GPU (five composed ops before); on the CPU MLX composes it as the torch model does,
+    x1·cos − x2·sin and x1·sin + x2·cos with the angles in float32, cos and sin rounded to x's dtype: bit for bit the
+    composed form, since the inverse frequencies are the float32 reciprocals of `freqs` (engine/rope.py)."""
+    return mx.fast.rope(x, x.shape[-1], traditional=False, base=None, scale=1.0, offset=offset, freqs=freqs)
 
 
 @partial(mx.compile, shapeless=True)
@@ -113,7 +112,7 @@ class Attention(nn.Module):
         k = k.reshape(batch, length, self.num_kv_heads, self.head_dim).transpose(0, 2, 1, 3)
         v = v.reshape(batch, length, self.num_kv_heads, self.head_dim).transpose(0, 2, 1, 3)
         q, k = self.qk_norm(q, k)
-        q, k = apply_rope(q, step.cos, step.sin), apply_rope(k, step.cos, step.sin)
+        q, k = apply_rope(q, step.offset, step.freqs), apply_rope(k, step.offset, step.freqs)
         keys, values = step.cache.update(layer, step.pos, k, v)  # (B, Hkv, S, D)
         out = step.attention(q, keys, values, step.pos)
         # (B, H, T, D) → (B, T, H*D)
@@ -169,7 +168,7 @@ class Model(nn.Module):
         self.layers = [self.BLOCK(config) for _ in range(config.num_layers)]
         self.norm = RMSNorm(config.hidden_size, config.rms_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.inv_freq = mx.zeros((config.head_dim // 2,), dtype=mx.float32)
+        self.freqs = mx.zeros((config.head_dim // 2,), dtype=mx.float32)  # RoPE's (torch: inv_freq, their reciprocals)
         self.attention: AttentionFn = sdpa_attention
         self.cache: KVCache | None = None
 
@@ -182,10 +181,9 @@ class Model(nn.Module):
         if self.config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def rope(self, positions: mx.array, dtype: mx.Dtype) -> tuple[mx.array, mx.array]:
-        angles = positions.astype(mx.float32)[:, None] * self.inv_freq[None, :]  # (T, D/2)
-        angles = mx.concatenate([angles, angles], axis=-1)  # (T, D)
-        return mx.cos(angles).astype(dtype), mx.sin(angles).astype(dtype)
+    def rope(self, pos: Positions) -> tuple[int | mx.array, mx.array]:
+        """RoPE's first position and frequencies: the angles are computed inside `mx.fast.rope`."""
+        return (pos.ids[:1] if pos.start is None else pos.start), self.freqs
 
     def hidden(self, tokens: mx.array, start: int | None) -> mx.array:
         """Final-normed hidden states (B, T, hidden) for `tokens` (B, T) at positions start…; fills the cache."""
@@ -193,8 +191,8 @@ class Model(nn.Module):
             raise RuntimeError("Model.cache is not set: attach a KVCache before running the model")
         x = self.embed_tokens(tokens)
         pos = self.cache.positions(start, tokens.shape[1])
-        cos, sin = self.rope(pos.ids, x.dtype)
-        step = Step(pos, cos, sin, self.cache, self.attention)
+        offset, freqs = self.rope(pos)
+        step = Step(pos, offset, freqs, self.cache, self.attention)
         for index, block in enumerate(self.layers):
             x = block(x, index, step)
         return self.norm(x)
