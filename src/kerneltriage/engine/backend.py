@@ -13,9 +13,10 @@ import importlib
 import importlib.util
 import sys
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence, TypeAlias, TypeVar
 
 from kerneltriage.core.errors import InputError
+from kerneltriage.engine.backend_names import BACKENDS as BACKENDS  # re-exported: callers name backends from here
 
 if TYPE_CHECKING:
     import numpy as np
@@ -29,8 +30,8 @@ if TYPE_CHECKING:
     from kerneltriage.engine.sampling import LogitsProcessor, SamplingParams
     from kerneltriage.engine.speculative.config import Speculation
     from kerneltriage.engine.speculative.stats import SpecStats
+    from kerneltriage.engine.speculative.tree import TokenTree
 
-BACKENDS = {"torch": "kerneltriage.backends.torch.backend", "mlx": "kerneltriage.backends.mlx.backend"}
 Array = Any  # a backend's device array (torch.Tensor, mx.array): opaque to the engine
 
 
@@ -54,6 +55,7 @@ class Sampler(Protocol):
     history on the device (prompt, then every token it emitted), so no host sync is needed to sample."""
 
     prompt: list[int]  # the host tokens the generation started from
+    params: "SamplingParams"
 
     @property
     def argmax_only(self) -> bool:
@@ -76,6 +78,14 @@ class Sampler(Protocol):
     def accept(self, logits: Array, draft: Any) -> list[int]:
         """Speculative acceptance over verify logits (k+1, V) of `draft` (backend's draft record): the tokens
         to emit, exact for this sampler's distribution; they join the history. One host sync."""
+
+
+class TreeSampler(Sampler, Protocol):
+    """A sampler that accepts a token tree's verify (torch's; a tree draft is refused where there is none)."""
+
+    def accept_tree(self, logits: Array, tree: "TokenTree") -> tuple[list[int], list[int]]:
+        """Greedy acceptance over a tree verify's logits (N+1, V): the tokens to emit and the accepted nodes'
+        path; they join the history."""
 
 
 class Steps(Protocol):
@@ -131,6 +141,17 @@ class Steps(Protocol):
         """True when speculative steps can run resident on the device (`queue_step`)."""
 
 
+class TreeSteps(Steps, Protocol):
+    """Steps that verify a token tree in one forward (torch's runner; MLX refuses tree drafts at install)."""
+
+    def verify_tree(self, last: int, tree: "TokenTree", start: int) -> Array:
+        """One forward over [last, tree nodes…] at `start` under the tree mask: logits (N+1, V), row r the
+        prediction after node r's path."""
+
+    def keep_branch(self, start: int, path: list[int]) -> None:
+        """After a tree verify at `start`: keep the root and the accepted nodes `path` in order, drop the rest."""
+
+
 class Speculating(Protocol):
     """Speculative decoding installed as a runner's token loop (engine/speculative/decoder.py: SpeculativeDecoder),
     as bench, triage and the commands read it."""
@@ -154,12 +175,27 @@ class Runner(Steps, Protocol):
     checkpoint: "Checkpoint"
     run_config: "RunConfig"
     backend: str
-    device: str  # torch: "cuda:0", "cpu"; MLX: "gpu", "cpu"
-    device_type: str  # "cuda", "cpu", "metal"
-    dtype: str  # "bfloat16", "float32"
-    dtype_bytes: int
-    gpu_index: int | None  # the GPU whose clocks and temperature snapshots read (None: no GPU)
     speculation: "Speculating | None"
+
+    @property
+    def device(self) -> object:
+        """The backend's own device (torch.device("cuda:0"); MLX: "gpu", "cpu"): `str()` names it, and a backend's
+        methods that take a device name take it too."""
+
+    @property
+    def device_type(self) -> str:
+        """"cuda", "cpu", "metal"."""
+
+    @property
+    def dtype(self) -> str:
+        """"bfloat16", "float32"."""
+
+    @property
+    def dtype_bytes(self) -> int: ...
+
+    @property
+    def gpu_index(self) -> int | None:
+        """The GPU whose clocks and temperature snapshots read (None: no GPU)."""
 
     @property
     def config(self) -> "ModelConfig": ...
@@ -209,8 +245,13 @@ class Runner(Steps, Protocol):
         (engine/names.param_name; a tied head under both names): what a peer built on the same weights copies."""
 
 
-class Backend(Protocol):
-    """Builds runners and answers triage's probes."""
+R = TypeVar("R", bound=Runner)
+
+
+class BackendOf(Protocol[R]):
+    """Builds runners of its own kind (`R`: a class that implements `Runner`) and answers triage's probes on them.
+    Each backend module declares its `BACKEND` as `BackendOf[its Runner]`, so the type checker holds both the backend
+    and its runner to these protocols (pyproject.toml: [tool.mypy])."""
 
     name: str
     trainer: str | None  # the module of train/ that trains drafters on its runners (train.Trainer), if any
@@ -219,20 +260,20 @@ class Backend(Protocol):
 
     def resolve_dtype(self, name: str | None, device: str) -> str: ...
 
-    def build(self, checkpoint: "Checkpoint", config: "RunConfig", device: str, dtype: str) -> Runner:
+    def build(self, checkpoint: "Checkpoint", config: "RunConfig", device: str, dtype: str) -> R:
         """Load the weights on the device and apply the configuration (levers, then speculation)."""
 
-    def copy(self, runner: Runner, config: "RunConfig") -> Runner:
+    def copy(self, runner: R, config: "RunConfig") -> R:
         """A runner on a stock copy of `runner`'s weights (made on its device, no reload), configured anew."""
 
-    def float32_reference(self, runner: Runner, config: "RunConfig | None" = None) -> Runner:
+    def float32_reference(self, runner: R, config: "RunConfig | None" = None) -> R:
         """The weights `runner` holds, upcast exactly to float32 (only the arithmetic differs), with stock steps, or
         with `config` applied (the same levers in float32: what a lever computes, free of rounding)."""
 
-    def release(self, runner: Runner) -> None:
+    def release(self, runner: R) -> None:
         """Free what the runner holds now (a large copy must not outlive its A/B)."""
 
-    def seam_errors(self, runner: Runner) -> dict[str, tuple[float, float]]:
+    def seam_errors(self, runner: R) -> dict[str, tuple[float, float]]:
         """Per-op check at the model's real shapes: for each seam the runner's levers replace, (its error, stock's
         error) against a float32 stock op on the same random inputs."""
 
@@ -241,30 +282,35 @@ class Backend(Protocol):
     def ceilings_key(self, device: str, dtype: str) -> str:
         """What this backend's cached ceilings for (device, dtype) are valid for: their key in the cache."""
 
-    def profile(self, runner: Runner, phase: str, prefix: Sequence[int], tokens: Sequence[int] | int
+    def profile(self, runner: R, phase: str, prefix: Sequence[int], tokens: Sequence[int] | int
                 ) -> "PhaseProfile":
         """One profiled window of prefill (`tokens` the prompt) or decode (`tokens` steps)."""
 
-    def host_issue_seconds(self, runner: Runner, prefix: Sequence[int], steps: int) -> float | None: ...
+    def host_issue_seconds(self, runner: R, prefix: Sequence[int], steps: int) -> float | None: ...
 
-    def census(self, runner: Runner, phase: str, prefix: Sequence[int], tokens: Sequence[int] | int
+    def census(self, runner: R, phase: str, prefix: Sequence[int], tokens: Sequence[int] | int
                ) -> dict[str, Any]:
         """Per token (decode) or per prefill: ops, host readbacks with their call sites, casts, strided copies,
         ops left on the CPU."""
 
     def attention_gates(self, phase: str, call: "SdpaCall", calls_per_pass: float, device: str) -> "GateRow": ...
 
-    def sweep_projections(self, runner: Runner, rows: tuple[int, ...] | None) -> list["SweepCurve"]: ...
+    def sweep_projections(self, runner: R, rows: tuple[int, ...] | None) -> list["SweepCurve"]: ...
 
-    def attention_sparsity(self, runner: Runner) -> "Sparsity": ...
+    def attention_sparsity(self, runner: R) -> "Sparsity": ...
 
-    def kernel_check(self, runner: Runner, ref: str, rows: Sequence[int], depths: Sequence[int]
+    def kernel_check(self, runner: R, ref: str, rows: Sequence[int], depths: Sequence[int]
                      ) -> list["KernelCheck"]:
         """The custom kernel `ref` against the stock op at its seam, at the runner's model's shapes: one record per
         (row count, cache depth, input shape)."""
 
-    def kernel_time(self, runner: Runner, ref: str, rows: int, depth: int) -> list["KernelTiming"]:
+    def kernel_time(self, runner: R, ref: str, rows: int, depth: int) -> list["KernelTiming"]:
         """Seconds per call of the kernel and of the stock op in isolation, per lane (chained, queued)."""
+
+
+# What bench and triage hold: a backend whose runners they see only through the Runner protocol (which backend's
+# runner a method is handed back is not a static fact: get_backend picks the backend by name).
+Backend: TypeAlias = BackendOf[Runner]
 
 
 def auto_backend() -> str:

@@ -18,6 +18,7 @@ import textwrap
 from dataclasses import dataclass
 
 from kerneltriage.core.errors import InputError
+from kerneltriage.engine.backend_names import BACKENDS
 from kerneltriage.engine.quality import Quality
 
 QUESTIONS = ("delete", "fast-path", "dispatch", "kernel")
@@ -32,7 +33,7 @@ SEAMS = ("norm", "add_norm", "qkv", "attn.decode", "attn.prefill", "o_proj", "ga
          "linear.gemv")
 KERNEL_REF = re.compile(r"^(?:[\w./-]+\.py|[A-Za-z_][\w.]*):[A-Za-z_]\w*$")  # FILE.py:NAME or pkg.module:NAME
 DEVICES = ("cuda", "cpu", "metal")  # device types: torch's CUDA and CPU; MLX's Metal, CUDA and CPU
-BOTH = ("torch", "mlx")  # levers with an applier on each backend
+BOTH = tuple(BACKENDS)  # levers with an applier on each backend
 SLOW_WARMUP = 10.0  # seconds: a lever whose warm-up (compilation) takes longer is measured only when asked for
 
 

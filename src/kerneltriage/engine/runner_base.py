@@ -41,12 +41,14 @@ class RunnerBase:
     model: Any
     checkpoint: Any
     backend: str
-    device_type: str
     run_config: Any
     cache_type: type
     cache_slack: int
     token_loop: Any
     speculation: Any
+    if TYPE_CHECKING:  # a field of MLX's runner, a property of torch's (its torch.device's type): read-only here
+        @property
+        def device_type(self) -> str: ...
 
     @property
     def config(self) -> "ModelConfig":

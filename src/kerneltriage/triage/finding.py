@@ -11,12 +11,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from kerneltriage.engine.levers import QUESTIONS
+from kerneltriage.engine.levers import PHASES, QUESTIONS
 
 # "measured": an A/B ran; "estimated": Amdahl on measured shares; "ceiling": an upper bound (the op made
 # free); "low": timings too noisy to trust (the CPU path of GPU-oriented probes).
 CONFIDENCES = ("measured", "estimated", "ceiling", "low")
-PHASES = ("prefill", "decode")
 
 
 @dataclass(frozen=True)

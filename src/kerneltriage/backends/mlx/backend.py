@@ -7,7 +7,7 @@ the device is said where it is decided (`device.py`, `gates.py`).
 from __future__ import annotations
 
 import gc
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import mlx.core as mx
 
@@ -15,9 +15,13 @@ from kerneltriage.backends.mlx import device as devices
 from kerneltriage.backends.mlx.levers import apply_config
 from kerneltriage.backends.mlx.load import build_runner
 from kerneltriage.backends.mlx.runner import Runner
+from kerneltriage.core.errors import InputError
 from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.configuration import RunConfig
-from kerneltriage.engine.probes import GateRow, PhaseProfile, SdpaCall, Sparsity, SweepCurve
+from kerneltriage.engine.probes import GateRow, KernelCheck, KernelTiming, PhaseProfile, SdpaCall, Sparsity, SweepCurve
+
+if TYPE_CHECKING:
+    from kerneltriage.engine.backend import BackendOf
 
 
 def _restocked(runner: Runner, dtype: str) -> Runner:
@@ -30,7 +34,7 @@ def _restocked(runner: Runner, dtype: str) -> Runner:
 
 class MlxBackend:
     name = "mlx"
-    trainer = None  # no trainer of drafters on MLX yet (train/)
+    trainer: str | None = None  # no trainer of drafters on MLX yet (train/)
 
     def resolve_device(self, name: str) -> str:
         return devices.resolve_device(name)
@@ -75,7 +79,9 @@ class MlxBackend:
         from kerneltriage.backends.mlx import profile
 
         if phase == "prefill":
+            assert not isinstance(tokens, int), "a prefill's tokens are its prompt"
             return profile.profile_prefill(runner, prefix, tokens)
+        assert isinstance(tokens, int), "a decode's tokens are a count of steps"
         return profile.profile_decode(runner, prefix, tokens)
 
     def host_issue_seconds(self, runner: Runner, prefix: Sequence[int], steps: int) -> float | None:
@@ -99,6 +105,15 @@ class MlxBackend:
 
         return msweep.m_sweep(runner, rows)
 
+    def kernel_check(self, runner: Runner, ref: str, rows: Sequence[int], depths: Sequence[int]
+                     ) -> list[KernelCheck]:
+        raise InputError(f"kernel={ref}: custom kernels (Triton) run on the torch backend only; expected --backend "
+                         "torch")
+
+    def kernel_time(self, runner: Runner, ref: str, rows: int, depth: int) -> list[KernelTiming]:
+        raise InputError(f"kernel={ref}: custom kernels (Triton) run on the torch backend only; expected --backend "
+                         "torch")
+
     def attention_sparsity(self, runner: Runner) -> Sparsity:
         from kerneltriage.backends.mlx.sparsity import attention_sparsity
         from kerneltriage.engine.sparsity import passage_tokens
@@ -112,4 +127,5 @@ class MlxBackend:
             self.release(stock)
 
 
-BACKEND = MlxBackend()
+# declared as the protocol: the type checker holds this backend and its Runner to engine/backend.py
+BACKEND: BackendOf[Runner] = MlxBackend()

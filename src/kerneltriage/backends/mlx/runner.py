@@ -29,7 +29,7 @@ from kerneltriage.engine.runner_base import RunnerBase, decode_one, prefill, ver
 from kerneltriage.engine.sampling import LogitsProcessor, SamplingParams
 
 if TYPE_CHECKING:
-    from kerneltriage.engine.speculative.decoder import SpeculativeDecoder
+    from kerneltriage.engine.backend import Queued, Speculating
 
 # (model, tokens (1, T), start) -> logits (1, V) of the last position
 StepFn = Callable[[Model, mx.array, int], mx.array]
@@ -51,7 +51,7 @@ class _Pending:
         mx.async_eval(token)
 
     def result(self) -> int:
-        return int(self.token.item())
+        return int(self.token.item())  # type: ignore[arg-type]  # mlx's stub: item() -> int | float | complex
 
 
 @dataclass
@@ -68,7 +68,7 @@ class Runner(RunnerBase):
     cache_type: type[KVCache] = KVCache
     cache_slack: int = 0  # extra slots past the last position (room for a speculative verify)
     run_config: RunConfig = field(default_factory=RunConfig)
-    speculation: "SpeculativeDecoder | None" = None
+    speculation: "Speculating | None" = None
     # Proof of execution: every lever's replacement code counts its own runs here.
     counters: Counter = field(default_factory=Counter)
     backend: str = "mlx"
@@ -101,6 +101,12 @@ class Runner(RunnerBase):
     def resident(self) -> bool:
         return False  # no verify drafts from a text kept on the device here: the speculative loop feeds each one
 
+    def begin_resident(self, context: list[int], lookback: int) -> None:
+        raise NotImplementedError("MLX runs no resident steps (`resident` is False)")
+
+    def queue_step(self, reach: int, limits: tuple[int, int, int]) -> Queued:
+        raise NotImplementedError("MLX runs no resident steps (`resident` is False)")
+
     # tokens in and out
     def tensor(self, tokens: Sequence[int]) -> mx.array:
         return mx.array([list(tokens)], dtype=mx.int32)  # (1, T)
@@ -113,7 +119,8 @@ class Runner(RunnerBase):
         return _scheduled(self.decode_step(self.model, step, position))
 
     def verify(self, last: int, drafts: Sequence[int] | mx.array, start: int, rows: int) -> mx.array:
-        tokens = mx.concatenate([mx.array([last], dtype=mx.int32), mx.array(drafts).astype(mx.int32)])  # (k+1,)
+        drafted = drafts if isinstance(drafts, mx.array) else mx.array(list(drafts))
+        tokens = mx.concatenate([mx.array([last], dtype=mx.int32), drafted.astype(mx.int32)])  # (k+1,)
         return _scheduled(self.verify_step(self.model, tokens.reshape(1, -1), start))
 
     def sampler(self, params: SamplingParams, prompt: Sequence[int],
@@ -129,7 +136,7 @@ class Runner(RunnerBase):
         return _Pending(token)
 
     def greedy(self, logits: mx.array) -> int:
-        return int(mx.argmax(logits, axis=-1).reshape(-1)[0].item())
+        return int(mx.argmax(logits, axis=-1).reshape(-1)[0].item())  # type: ignore[arg-type]  # as in _Pending
 
     # clocks and memory
     def clock(self) -> float:
@@ -147,15 +154,17 @@ class Runner(RunnerBase):
     def held_bytes(self) -> int:
         """Bytes of the model's arrays (shared ones once: a tied head, packed projections' views count in the
         packed array) and of its cache."""
-        arrays = {id(a): a.nbytes for _, a in tree_flatten(self.model.parameters())}
+        arrays = {id(a): a.nbytes for a in dict(tree_flatten(self.model.parameters())).values()}
         cache = self.model.cache
         return sum(arrays.values()) + (0 if cache is None else cache.nbytes)
 
     def named_weights(self) -> dict[str, mx.array]:
-        return {name: array for name, array in tree_flatten(self.model.parameters()) if name != "inv_freq"}
+        weights = dict(tree_flatten(self.model.parameters()))
+        return {name: array for name, array in weights.items() if name != "inv_freq"}
 
     def host_logits(self, logits: mx.array) -> np.ndarray:
         return np.array(logits.astype(mx.float32), copy=True)
+
 
 if TYPE_CHECKING:  # the type checker holds this runner to the backend protocol
     from kerneltriage.engine import backend as protocol

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -16,10 +16,13 @@ from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.probes import (GateRow, KernelCheck, KernelTiming, PhaseProfile, SdpaCall, Sparsity,
                                         SweepCurve)
 
+if TYPE_CHECKING:
+    from kerneltriage.engine.backend import BackendOf
+
 
 class TorchBackend:
     name = "torch"
-    trainer = "kerneltriage.train.torch_trainer"  # drafts and EAGLE heads train on torch runners (train/)
+    trainer: str | None = "kerneltriage.train.torch_trainer"  # drafts and EAGLE heads train on torch runners (train/)
 
     def resolve_device(self, name: str) -> str:
         return str(resolve_device(name))
@@ -126,4 +129,5 @@ class TorchBackend:
             self.release(stock)
 
 
-BACKEND = TorchBackend()
+# declared as the protocol: the type checker holds this backend and its Runner to engine/backend.py
+BACKEND: BackendOf[Runner] = TorchBackend()

@@ -145,9 +145,9 @@ class Runner(RunnerBase):
             count = len(tokens)
             padded = torch.cat([tokens, tokens[-1:].expand(max(rows - count, 0))]).view(1, -1)
         else:
-            tokens = [last, *map(int, drafts)]
-            count = len(tokens)
-            padded = self.tensor(tokens + tokens[-1:] * max(rows - count, 0))
+            ids = [last, *map(int, drafts)]
+            count = len(ids)
+            padded = self.tensor(ids + ids[-1:] * max(rows - count, 0))
         return self.verify_step(self.model, padded, start)[:count]
 
     @torch.inference_mode()
@@ -155,11 +155,11 @@ class Runner(RunnerBase):
         """Capture ahead the fixed-shape steps (graphs) a run from `start` to `end` may replay: plain steps and
         verifies of each of `rows` (graphed.GraphedStep.prepare) — with `lookback`, resident steps instead of the
         verifies (the run verifies nothing host-fed); steps that are not captured need nothing."""
-        verify, shapes = self.verify_step, list(rows)
+        steps: list[tuple[object, list[int]]] = [(self.decode_step, [1]), (self.verify_step, list(rows))]
         if lookback:  # one graph per window, of the widest step's rows
-            verify, shapes = self.resident_steps, [WIDEST]
-            verify.use(lookback)
-        for step, shapes in ((self.decode_step, [1]), (verify, shapes)):
+            self._resident_queue.use(lookback)
+            steps[1] = (self._resident_queue, [WIDEST])
+        for step, shapes in steps:
             prepare = getattr(step, "prepare", None)
             if prepare is not None and shapes:
                 prepare(self.model, start, end, shapes)
@@ -168,20 +168,27 @@ class Runner(RunnerBase):
     def resident(self) -> bool:
         return self.resident_steps is not None
 
+    @property
+    def _resident_queue(self) -> ResidentQueue:
+        assert self.resident_steps is not None, "resident steps are run only where `resident`"
+        return self.resident_steps
+
     @torch.inference_mode()
     def begin_resident(self, context: list[int], lookback: int) -> None:
-        self.resident_steps.begin(self.model, context, lookback)
+        self._resident_queue.begin(self.model, context, lookback)
 
     @torch.inference_mode()
     def queue_step(self, reach: int, limits: tuple[int, int, int]) -> "Queued":
-        return self.resident_steps.queue(self.model, reach, limits)
+        return self._resident_queue.queue(self.model, reach, limits)
 
     @torch.inference_mode()
     def verify_tree(self, last: int, tree: TokenTree, start: int) -> torch.Tensor:
         """One forward over [last, tree nodes…] under the tree mask (backends/torch/tree.py): logits (N+1, V),
         row r the prediction after node r's path."""
         cache = self.model.cache
-        self.model.cache = TreeCache(cache, tree, start)
+        assert cache is not None, "a tree is verified after its prefix was prefilled"
+        # TreeCache is the cache as one tree forward sees it: the model calls only its positions and update
+        self.model.cache = TreeCache(cache, tree, start)  # type: ignore[assignment]
         try:
             return self.verify_step(self.model, self.tensor([last, *tree.tokens]), start)
         finally:
@@ -189,6 +196,7 @@ class Runner(RunnerBase):
 
     def keep_branch(self, start: int, path: list[int]) -> None:
         """After a tree verify at `start`: keep the root and the accepted nodes `path` in order, drop the rest."""
+        assert self.model.cache is not None, "a branch is kept after a tree verify"
         keep_branch(self.model.cache, start, path)
 
     def sampler(self, params: SamplingParams, prompt: Sequence[int],
@@ -243,3 +251,11 @@ class Runner(RunnerBase):
     def forced_logits(self, prompt: Sequence[int], fed: Sequence[int] | None, count: int
                       ) -> tuple[np.ndarray, list[int]]:
         return super().forced_logits(prompt, fed, count)
+
+
+if TYPE_CHECKING:  # the type checker holds this runner to the backend protocol, tree verify included
+    from kerneltriage.engine import backend as protocol
+
+    def _conforms(runner: Runner, sampler: TorchSampler
+                  ) -> tuple[protocol.Runner, protocol.TreeSteps, protocol.TreeSampler]:
+        return runner, runner, sampler

@@ -15,20 +15,20 @@ device's path.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, TypeGuard
 
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.decoding import first_logits, next_logits
 from kerneltriage.engine.speculative.config import (AUTO_MAX_DEPTH, PADDED_MAX_DEPTH, TREE_GREEDY_ONLY, Speculation,
                                                     padded_rows)
 from kerneltriage.engine.speculative.controller import DepthController
-from kerneltriage.engine.speculative.draft import Drafter
+from kerneltriage.engine.speculative.draft import Drafter, is_lookup
 from kerneltriage.engine.speculative.resident import resident_run
 from kerneltriage.engine.speculative.shadow import Shadow
 from kerneltriage.engine.speculative.stats import SpecStats
 
 if TYPE_CHECKING:
-    from kerneltriage.engine.backend import Sampler, Steps
+    from kerneltriage.engine.backend import Sampler, Steps, TreeSampler, TreeSteps
     from kerneltriage.engine.speculative.tree import TokenTree
 
 SPEC_COUNTER = "spec"  # runner.counters key: verify steps run (proof that speculation happened)
@@ -44,7 +44,8 @@ class SpeculativeDecoder:
         self.stats = SpecStats(speculation.source_text)
         self.controller = DepthController(speculation.depth)
         self.shadow = Shadow()
-        self.shadows = getattr(drafter, "shadows", False)  # drafting costs no forward: score it during plain steps
+        self.lookup = drafter if is_lookup(drafter) else None  # it drafts from the text alone, or None
+        self.shadows = self.lookup is not None  # drafting costs no forward: score it during plain steps
         self.drafted: Any = None  # the draft made after the last plain token (a lookup drafter, auto depth), if any
         self.measured: Any = None  # the runner whose costs the controller holds
         self.host_clock = time.perf_counter  # the host's clock (a replay on recorded text puts its own here)
@@ -90,8 +91,8 @@ class SpeculativeDecoder:
         if runner.pads_verify:  # every graph this run may replay captured now, not inside the run
             runner.prepare_steps(start, start + count, self.shapes(runner),
                                  self.speculation.lookback if resident else 0)
-        if self.shadows:  # a lookup indexes the prompt while the device runs the prefill
-            self.drafter.catch_up(list(sampler.prompt))
+        if self.lookup is not None:  # a lookup indexes the prompt while the device runs the prefill
+            self.lookup.catch_up(list(sampler.prompt))
         self.shadow.clear()
         context = list(sampler.prompt) + [runner.read_later(sampler(logits)).result()]
         if sampler.host_bound:
@@ -208,11 +209,13 @@ class SpeculativeDecoder:
         if draft is None or (draft.tree is not None and position + draft.size >= runner.cache_capacity):
             return None
         if draft.tree is not None:
+            if not (_verifies_trees(runner) and _accepts_trees(sampler)):  # install refuses trees on such backends
+                raise InputError(f"--spec {self.speculation.source_text}: this backend verifies no token tree")
             return self._tree_step(runner, context[-1], position, draft.tree, sampler, began)
         drafted, rows = self._now(runner), self.rows(runner, draft.size)
         logits = runner.verify(context[-1], draft.tokens, position, rows)
-        if self.shadows:
-            self.drafter.catch_up(context)
+        if self.lookup is not None:
+            self.lookup.catch_up(context)
         self._settle()  # the previous verify's bookkeeping, while the device verifies this one
         emitted = sampler.accept(logits, draft)
         runner.counters[SPEC_COUNTER] += 1
@@ -241,7 +244,7 @@ class SpeculativeDecoder:
         A model drafter queues its forwards: its stamps wait for the device."""
         return self.host_clock() if self.shadows else runner.clock()
 
-    def _tree_step(self, runner: "Steps", last: int, position: int, tree: "TokenTree", sampler: "Sampler",
+    def _tree_step(self, runner: "TreeSteps", last: int, position: int, tree: "TokenTree", sampler: "TreeSampler",
                    began: float) -> list[int]:
         """Verify a token tree in one forward, keep the accepted branch (engine/speculative/tree.py). The stats
         and the controller see the tree's depth as the drafted length: acceptance by position is by depth."""
@@ -255,3 +258,11 @@ class SpeculativeDecoder:
         # the controller prices a tree by its depth
         self.unsettled = (tree.depth, len(path), drafted - began, verified - drafted, tree.depth + 1)
         return emitted
+
+
+def _verifies_trees(runner: "Steps") -> "TypeGuard[TreeSteps]":
+    return hasattr(runner, "verify_tree")
+
+
+def _accepts_trees(sampler: "Sampler") -> "TypeGuard[TreeSampler]":
+    return hasattr(sampler, "accept_tree")

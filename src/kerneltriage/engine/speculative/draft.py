@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 if TYPE_CHECKING:
     from kerneltriage.engine.speculative.tree import TokenTree
@@ -42,3 +42,8 @@ class LookupDrafter(Drafter, Protocol):
     def catch_up(self, context: list[int]) -> None:
         """Index `context` as far as it goes (what the next `draft` would otherwise do first, on the host, while the
         device waits): called while the prefill runs and while a verify runs."""
+
+
+def is_lookup(drafter: Drafter) -> TypeGuard[LookupDrafter]:
+    """The drafter drafts from the text alone (`shadows`): a LookupDrafter."""
+    return bool(getattr(drafter, "shadows", False))
