@@ -88,7 +88,7 @@ def test_vocab_compact_picks_the_full_projections_greedy_tokens_and_runs() -> No
 
 def test_vocab_compact_above_the_crossover_takes_the_full_projection(monkeypatch: pytest.MonkeyPatch) -> None:
     checkpoint = constrained(Constraint("regex", "[a-z ]{30}"))  # 27 tokens allowed at every step
-    monkeypatch.setitem(vocab_compact.CROSSOVER, "cpu", 10)
+    monkeypatch.setitem(vocab_compact.CROSSOVER, "cpu", 10 / 300)  # 10 of the tiny model's 300 tokens
     tokens, runner = output(checkpoint, "vocab_compact", max_tokens=12)
     assert tokens == output(checkpoint, max_tokens=12)[0]
     assert runner.counters["vocab_compact"] == 0
@@ -102,7 +102,7 @@ def test_vocab_compact_under_graphs_replays_a_fixed_row_buffer() -> None:
     tokens = list(generate_step(runner, PROMPT, GREEDY, 8))
     assert tokens == output(checkpoint, max_tokens=8)[0]
     head = runner.compact_step.head
-    assert head.rows.shape == (vocab_compact.CROSSOVER["cpu"],) and head.graph is not None
+    assert head.rows.shape == (runner.compact_limit,) and head.graph is not None
     assert runner.counters["vocab_compact"] == runner.counters["graphs"] == len(tokens) - 1
 
 

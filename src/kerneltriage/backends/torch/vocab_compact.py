@@ -11,7 +11,8 @@ row is -inf on both paths.
 
 Under `graphs` the step's body (everything up to the final norm) is replayed from its own graphs and the compact head
 from one more, captured over a fixed-size row buffer of CROSSOVER rows (the allowed ids, padded by repeating the first:
-a repeated row writes the same value twice); a step above the crossover replays the full graphed step.
+a repeated row writes the same value twice); a step above the crossover replays the full graphed step. The gather
+writes into a buffer of CROSSOVER rows allocated once, graphed or not.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from kerneltriage.backends.torch.models import Model
 from kerneltriage.backends.torch.runner import Runner
 
 LEVER = "vocab_compact"
-# allowed rows up to which the compact head is faster than the full projection, by device type: CPU measured on the
-# 2-core machine with the 49k vocabulary (docs/constrained.md); CUDA provisional until the H200 sweep measures it
-CROSSOVER = {"cpu": 4096, "cuda": 4096}
+# the allowed share of the vocabulary up to which the compact head is faster than the full projection and the mask,
+# by device type: a compact row costs about three full rows (gather: read and write, then the GEMV reads it again),
+# so the crossover sits near V/3; CPU measured on the 2-core machine with the 49k vocabulary (docs/constrained.md),
+# CUDA provisional until the H200 sweep (benchmarks/tools/vocab_crossover.py) measures it
+CROSSOVER = {"cpu": 1 / 3, "cuda": 0.25}
 
 
 def hidden_one(model: Model, token: torch.Tensor, start: int) -> torch.Tensor:
@@ -47,12 +50,15 @@ class CompactHead:
         self.weight = runner.model.lm_head.weight  # (V, H)
         self.graph: Any = None
         self.rows = torch.zeros(limit, dtype=torch.long, device=runner.device)  # the graph's row buffer
+        # the gathered rows land in one buffer allocated once: a fresh (K, H) tensor per step cost page faults (a
+        # 38 MB gather took 4.3 µs a row on the CPU, 1.7 below 28 MB)
+        self.picked = torch.empty((limit, self.weight.shape[1]), dtype=self.weight.dtype, device=runner.device)
         self.hidden = torch.zeros((1, self.weight.shape[1]), dtype=self.weight.dtype, device=runner.device)
         self.out: torch.Tensor | None = None
 
     def compute(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         counting.ran(self.runner, LEVER)
-        picked = self.weight.index_select(0, rows)  # (K, H)
+        picked = torch.index_select(self.weight, 0, rows, out=self.picked[: len(rows)])  # (K, H)
         values = F.linear(hidden, picked)  # (1, K)
         logits = torch.full((1, self.weight.shape[0]), float("-inf"), dtype=values.dtype, device=values.device)
         return logits.index_copy_(1, rows, values)  # (1, V)
@@ -87,8 +93,9 @@ class CompactStep:
 
 
 def vocab_compact(runner: Runner, value: str | None = None, capture_fn: Capture = capture) -> None:
-    """delete: decode steps with at most CROSSOVER allowed tokens compute only those rows of the output projection."""
+    """delete: decode steps whose allowed tokens are at most CROSSOVER of the vocabulary compute only those rows of the
+    output projection."""
     if runner.model.lm_head.weight.shape[0] != runner.config.vocab_size:
         raise RuntimeError(f"{LEVER}: the output projection is not (vocab, hidden)")
-    runner.compact_limit = CROSSOVER[runner.device.type]
+    runner.compact_limit = max(1, int(CROSSOVER[runner.device.type] * runner.config.vocab_size))
     runner.compact_step = CompactStep(runner, runner.compact_limit, capture_fn)
