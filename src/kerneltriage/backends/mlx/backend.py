@@ -15,9 +15,9 @@ from kerneltriage.backends.mlx import device as devices
 from kerneltriage.backends.mlx.levers import apply_config
 from kerneltriage.backends.mlx.load import build_runner
 from kerneltriage.backends.mlx.runner import Runner
-from kerneltriage.core.errors import InputError
 from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.engine.kernels import Kernel
 from kerneltriage.engine.probes import GateRow, KernelCheck, KernelTiming, PhaseProfile, SdpaCall, Sparsity, SweepCurve
 
 if TYPE_CHECKING:
@@ -30,6 +30,14 @@ def _restocked(runner: Runner, dtype: str) -> Runner:
 
     model = stock_copy(runner.model, None if dtype == runner.dtype else getattr(mx, dtype))
     return Runner(model, runner.checkpoint, runner.device, runner.device_type, dtype)
+
+
+def _runnable(runner: Runner, ref: str) -> Kernel:
+    """The kernel `ref`, at a seam MLX wires and run once at the model's shapes on this device (kernel_lever.py):
+    an InputError, in MLX's own words, where it cannot run here."""
+    from kerneltriage.backends.mlx.kernel_lever import runnable
+
+    return runnable(runner, ref)
 
 
 class MlxBackend:
@@ -107,12 +115,14 @@ class MlxBackend:
 
     def kernel_check(self, runner: Runner, ref: str, rows: Sequence[int], depths: Sequence[int]
                      ) -> list[KernelCheck]:
-        raise InputError(f"kernel={ref}: custom kernels (Triton) run on the torch backend only; expected --backend "
-                         "torch")
+        from kerneltriage.backends.mlx import kernel_check
+
+        return kernel_check.check(runner, _runnable(runner, ref), rows, depths)
 
     def kernel_time(self, runner: Runner, ref: str, rows: int, depth: int) -> list[KernelTiming]:
-        raise InputError(f"kernel={ref}: custom kernels (Triton) run on the torch backend only; expected --backend "
-                         "torch")
+        from kerneltriage.backends.mlx import kernel_check
+
+        return kernel_check.time_lanes(runner, _runnable(runner, ref), rows, depth)
 
     def attention_sparsity(self, runner: Runner) -> Sparsity:
         from kerneltriage.backends.mlx.sparsity import attention_sparsity

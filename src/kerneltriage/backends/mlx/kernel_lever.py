@@ -1,8 +1,10 @@
 """The `kernel=REF` lever on MLX: a custom kernel installed at the seam it declares, counting its calls.
 
 A kernel is any callable on MLX arrays: composed `mx` ops, an `mx.fast.metal_kernel` (Metal only) or an
-`mx.fast.cuda_kernel` (MLX's CUDA backend only). Installing one runs it once at the model's shapes, so a kernel
-for another device is refused at once, in MLX's own words ("[metal_kernel] No Metal back-end"), not mid-benchmark.
+`mx.fast.cuda_kernel` (MLX's CUDA backend only; `kernels/mlx_masked_decode.py` is one). Installing one runs it once
+at the model's shapes, so a kernel for another device is refused at once, in MLX's own words ("[metal_kernel] No
+Metal back-end", "[cuda_kernel] No CUDA back-end"), not mid-benchmark; `kernel check` and `kernel run` on MLX make
+the same call first (`kernel_check.py`).
 
 Signatures at each wired seam (the stock op's, as on torch):
 - `norm`: fn(x (..., D), weight (D,), eps) → (..., D)
@@ -92,7 +94,13 @@ WIRED = {"norm": _norm, "attn.decode": lambda r, f: _attention(r, f, True),
 def install(runner: Runner, ref: str | None) -> None:
     """Load the kernel named by `ref`, put it at its seam and run it once there; a seam not wired on MLX, or a
     kernel that does not run on this device, is an InputError."""
-    kernel: Kernel = load_kernel(ref or "")
+    kernel = runnable(runner, ref or "")
+    WIRED[kernel.seam](runner, _counted(runner, f"kernel={ref}", kernel.fn))
+
+
+def runnable(runner: Runner, ref: str) -> Kernel:
+    """The kernel `ref` at a seam MLX wires, run once at the model's shapes; an InputError where it cannot run."""
+    kernel: Kernel = load_kernel(ref)
     if kernel.seam not in WIRED:
         raise InputError(f"kernel={ref}: seam {kernel.seam} takes no custom kernel on MLX yet; "
                          f"expected one of {', '.join(WIRED)}")
@@ -106,4 +114,4 @@ def install(runner: Runner, ref: str | None) -> None:
         mx.eval(kernel.fn(*args))
     except (RuntimeError, ValueError) as exc:
         raise InputError(f"kernel={ref}: does not run on MLX's {runner.device_type} device here ({exc})") from None
-    WIRED[kernel.seam](runner, _counted(runner, f"kernel={ref}", kernel.fn))
+    return kernel
