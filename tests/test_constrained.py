@@ -57,7 +57,7 @@ def text_of(checkpoint, tokens: list[int]) -> str:  # noqa: ANN001
     return checkpoint.tokenizer.decode(tokens[:tokens.index(eos)])
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schema=SCHEMAS.filter(lambda s: s.get("type") == "object" or "items" in s), seed=st.integers(0, 3),
        temperature=st.sampled_from([0.0, 1.0]))
 def test_every_output_is_valid_against_its_generated_schema(schema: dict, seed: int, temperature: float) -> None:
@@ -153,3 +153,15 @@ def test_bad_constraint_flags_name_the_flag() -> None:
         with pytest.raises(InputError, match=flag.replace("-", r"\-")):
             parse_constraint(*args)
     assert parse_constraint(None, None, None) is None
+
+
+def test_mlx_decodes_under_the_constraint_and_compacts_to_the_same_tokens() -> None:
+    pytest.importorskip("mlx.core")
+    from mlx_helpers import mlx_runner
+
+    checkpoint = constrained(Constraint("regex", r"[a-c]{2}-\d{3}"))
+    full = list(generate_step(mlx_runner(checkpoint), PROMPT, GREEDY, 10))
+    runner = mlx_runner(checkpoint, "vocab_compact,one_sync")
+    assert list(generate_step(runner, PROMPT, GREEDY, 10)) == full
+    assert checkpoint.grammar.constraint.matches(text_of(checkpoint, full))
+    assert runner.counters["vocab_compact"] == len(full) - 1

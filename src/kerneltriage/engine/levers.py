@@ -167,8 +167,10 @@ TABLE: tuple[Lever, ...] = (
     Lever("vocab_compact", "delete", "step", "under a constraint, a decode step whose allowed tokens are few (up "
           "to the measured crossover) computes only their rows of the output projection (gathered, one small GEMV), "
           "the rest -inf, instead of every row and a mask", phases=("decode",), numerics="reorders",
-          seams=("lm_head",), needs_constraint=True,
-          clashes=(Clash(("compile",), "its step up to the output projection would run uncompiled", ("torch",)),)),
+          seams=("lm_head",), backends=BOTH, devices=DEVICES, needs_constraint=True,
+          clashes=(Clash(("compile",), "its step up to the output projection would run uncompiled"),
+                   Clash(("quantized",), "MLX's quantized head keeps its rows in blocks, not rows to gather",
+                         ("mlx",)))),
     # loop stage: the token loop around the steps
     Lever("one_sync", "dispatch", "loop", "one host readback per token; the next step is queued before it is read "
           "(MLX: mx.async_eval)", phases=("decode",), backends=BOTH, devices=DEVICES),

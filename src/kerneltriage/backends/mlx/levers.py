@@ -12,7 +12,7 @@ from typing import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
-from kerneltriage.backends.mlx import accelerate, attention_levers, counting, kernel_lever, quant_lever
+from kerneltriage.backends.mlx import accelerate, attention_levers, counting, kernel_lever, quant_lever, vocab_compact
 from kerneltriage.backends.mlx.load import keep_stock_weights
 from kerneltriage.backends.mlx.runner import Runner
 from kerneltriage.core.errors import InputError
@@ -88,6 +88,7 @@ APPLIERS: dict[str, Applier] = {
     "kernel": kernel_lever.install,
     "last_logits": last_logits,
     "compile": accelerate.compile_steps,
+    "vocab_compact": vocab_compact.vocab_compact,
     "one_sync": one_sync,
 }
 

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 StepFn = Callable[[Model, mx.array, int], mx.array]
 # (model, tokens (1, T), start) -> logits (T, V) of every position: the speculative verify forward
 RowsFn = Callable[[Model, mx.array, int], mx.array]
+# (model, token (1, 1), start, allowed ids) -> logits (1, V): only the allowed rows computed (vocab_compact)
+CompactStepFn = Callable[[Model, mx.array, int, Sequence[int]], mx.array]
 
 
 def _scheduled(logits: mx.array) -> mx.array:
@@ -72,7 +74,8 @@ class Runner(RunnerBase):
     # Proof of execution: every lever's replacement code counts its own runs here.
     counters: Counter = field(default_factory=Counter)
     backend: str = "mlx"
-    compact_limit: int = 0  # vocab_compact has no MLX applier yet: decode steps compute every row
+    compact_limit: int = 0  # the most allowed rows a decode step computes alone (vocab_compact); 0: never
+    compact_step: "CompactStepFn | None" = None  # (model, token (1, 1), start, rows) -> logits (1, V)
 
     @property
     def mx_dtype(self) -> mx.Dtype:
@@ -116,6 +119,8 @@ class Runner(RunnerBase):
 
     def decode(self, token: int | mx.array, position: int, rows: Sequence[int] | None = None) -> mx.array:
         step = token.reshape(1, 1) if isinstance(token, mx.array) else self.tensor([token])
+        if rows is not None and self.compact_step is not None:
+            return _scheduled(self.compact_step(self.model, step, position, rows))
         return _scheduled(self.decode_step(self.model, step, position))
 
     def verify(self, last: int, drafts: Sequence[int] | mx.array, start: int, rows: int) -> mx.array:
