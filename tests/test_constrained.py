@@ -165,3 +165,18 @@ def test_mlx_decodes_under_the_constraint_and_compacts_to_the_same_tokens() -> N
     assert list(generate_step(runner, PROMPT, GREEDY, 10)) == full
     assert checkpoint.grammar.constraint.matches(text_of(checkpoint, full))
     assert runner.counters["vocab_compact"] == len(full) - 1
+
+
+@pytest.mark.gpu
+def test_vocab_compact_under_real_cuda_graphs_keeps_the_graphed_steps_tokens() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    checkpoint = constrained(Constraint("json", json.dumps({"type": "array", "items": {"type": "integer"}})))
+    runs = {}
+    for levers in ("graphs,one_sync", "graphs,vocab_compact,one_sync"):
+        runner = BACKEND.build(checkpoint, RunConfig.from_flags(levers), "cuda", "float32")
+        runs[levers] = (list(generate_step(runner, PROMPT, GREEDY, 40)), runner.counters)
+    (plain, _), (compact, counters) = runs.values()
+    assert compact == plain and counters["vocab_compact"] == counters["graphs"] == len(plain) - 1

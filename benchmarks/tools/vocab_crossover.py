@@ -22,8 +22,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-SIZES = (1, 16, 128, 1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 49152)
-STEP_SIZES = (16, 1024, 8192)
+SMALL = (1, 16, 128, 1024)  # allowed-set sizes, then shares of the vocabulary (49,152: 2,048 … 49,152)
+SHARES = (1 / 24, 1 / 12, 1 / 6, 1 / 4, 1 / 3, 1 / 2, 2 / 3, 1)
+STEP_SIZES = (16, 1024)  # and V/6: whole decode steps both ways
 PROMPT = 32
 
 
@@ -77,14 +78,15 @@ def main() -> None:
     with torch.inference_mode():
         hidden = hidden_one(model, token, PROMPT)
         heads, steps = [], []
-        for k in SIZES:
+        sizes = sorted({*SMALL, *(int(share * vocab) for share in SHARES)})
+        for k in sizes:
             ids = np.sort(rng.choice(vocab, size=min(k, vocab), replace=False))
             words = words_of(ids, vocab)
             full, compact = paired(runner, partial(_full_head, runner, hidden, words),
                                    partial(runner.compact_step.head, hidden, ids), args.repeats)
             heads.append(_row(k, full, compact))
             print(json.dumps(heads[-1]), file=sys.stderr)
-            if k in STEP_SIZES:
+            if k in STEP_SIZES or k == int(vocab / 6):
                 steps.append(_row(k, *paired(runner, partial(_step, runner, token, words, None),
                                              partial(_step, runner, token, None, ids), max(5, args.repeats // 2))))
                 print(json.dumps(steps[-1]), file=sys.stderr)
