@@ -198,7 +198,7 @@ def shared_answers():  # noqa: ANN201
     original, cache = distill.training_sequences, {}
 
     def cached(target, continuation, progress, prompts=None,  # noqa: ANN001, ANN202
-               params=(distill.SamplingParams(),)):
+               params=(distill.SamplingParams(),)):  # noqa: B008 - frozen: one shared default is safe
         answers = []
         for prompt in distill.PROMPTS if prompts is None else prompts:  # prompt by prompt: the tests' sets overlap
             key = (id(target.checkpoint), target.dtype, continuation, prompt, tuple(params))

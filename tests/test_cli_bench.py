@@ -144,7 +144,8 @@ def test_real_entry_point_refuses_a_non_ledger(tmp_path: Path) -> None:
     noise.write_bytes(os.urandom(4096))
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     done = subprocess.run([sys.executable, "-m", "kerneltriage", "bench", "--model", "smollm2-135m", "-p", "8",
-                           "-n", "0", "--device", "cpu", "--ledger", str(noise)], env=env, capture_output=True, text=True)
+                           "-n", "0", "--device", "cpu", "--ledger", str(noise)],
+                          env=env, capture_output=True, text=True)
     assert done.returncode == 2 and "not a kerneltriage ledger" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
 

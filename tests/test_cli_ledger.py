@@ -117,7 +117,8 @@ def test_export_to_an_unwritable_place_is_an_input_error(
     assert "cannot write" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["ledger"], ["ledger", "list", "--limit", "0"], ["ledger", "export", "--format", "xml"]])
+@pytest.mark.parametrize("argv", [["ledger"], ["ledger", "list", "--limit", "0"],
+                                  ["ledger", "export", "--format", "xml"]])
 def test_bad_flags_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     assert capsys.readouterr().err.startswith("kerneltriage: error:")

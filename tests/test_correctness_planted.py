@@ -165,8 +165,8 @@ def test_a_lever_that_approximates_is_judged_by_its_declared_metric(monkeypatch:
 
 def test_a_speculative_run_captures_every_graph_it_may_replay_before_its_first_step() -> None:
     """Plain steps and both padded verify shapes, in every window the run can reach (302 positions: a window of 256
-    slots and the whole cache), are captured before the first replay — where the controller verifies differs between runs, and a
-    capture must not land inside one — and a second run on the runner captures nothing."""
+    slots and the whole cache), are captured before the first replay — where the controller verifies differs between
+    runs, and a capture must not land inside one — and a second run on the runner captures nothing."""
     from kerneltriage.backends.torch.speculative import install_speculation
     from kerneltriage.engine.speculative.config import parse_speculation
 

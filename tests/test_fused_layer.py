@@ -50,8 +50,8 @@ def _layer_run(runner, cache_type: type, rows: int, depth: int, window: int | No
     return out, cache
 
 
-# decode rows and verify rows (17: past one 16-row tile) at depths 0 and past a tile, in the eager and the static (graph)
-# cache layout; qwen2: biases on q, k and v
+# decode rows and verify rows (17: past one 16-row tile) at depths 0 and past a tile, in the eager and the static
+# (graph) cache layout; qwen2: biases on q, k and v
 @pytest.mark.parametrize(("arch", "rows", "depth", "static"), [
     ("llama", 1, 0, False), ("llama", 1, 70, True), ("llama", 9, 70, False), ("llama", 17, 33, True),
     ("qwen2", 1, 70, False), ("qwen2", 5, 0, True)])
@@ -165,9 +165,9 @@ def test_pdl_needs_fused_layer_and_cuda() -> None:
 
 # Every fused kernel built for sm_90 (Triton's compiler and its bundled ptxas; no GPU needed) with PDL on and off,
 # in one process: the GPU build the interpreter never runs. Pointers and ints are taken 16-divisible, as a launch
-# specialises them (without that Triton neither vectorises nor pipelines the loads). The verify tiles' K rounds must be pipelined
-# (cp.async) with PDL's wait ahead of every load of x. Run apart from this process, where conftest may have set
-# the interpreter.
+# specialises them (without that Triton neither vectorises nor pipelines the loads). The verify tiles' K rounds must be
+# pipelined (cp.async) with PDL's wait ahead of every load of x. Run apart from this process, where conftest may have
+# set the interpreter.
 SM90_BUILD = """
 import triton
 from triton.backends.compiler import GPUTarget

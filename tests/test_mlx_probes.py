@@ -93,7 +93,8 @@ def test_quantized_matmul_families_by_row_count() -> None:
     families = [kernel_rules.metal_qmm(m, 1024, 1536, 4, "applegpu_g15s") for m in (1, 2, 12, 13, 16)]
     assert families == ["qmv_fast", "qmv_wide", "qmv_wide", "qmm_splitk", "qmm_splitk"]
     # the default model's 576-wide rows miss qmv_fast (K a multiple of 512 at 4 bits); older GPUs have no qmv_wide
-    assert [kernel_rules.metal_qmm(m, 576, 1536, 4, "applegpu_g13g") for m in (1, 2, 14)] == ["qmv", "qmv", "qmm_splitk"]
+    chosen = [kernel_rules.metal_qmm(m, 576, 1536, 4, "applegpu_g13g") for m in (1, 2, 14)]
+    assert chosen == ["qmv", "qmv", "qmm_splitk"]
     assert [kernel_rules.cuda_qmm(m, 576, n, "bfloat16") for m, n in ((7, 1536), (8, 1536), (8, 576))] == \
         ["qmv", "qmm_sm80", "qmm_naive"]
     assert kernel_rules.cpu_qmm(4, accelerate=False) == "qmm_t"

@@ -31,7 +31,8 @@ def test_parse_speculation(spec: str | None, depth: str | None, expected: Specul
 
 
 @pytest.mark.parametrize("spec, depth, message", [
-    ("medusa", None, "expected ngram"), ("eagle:", None, "eagle\\[:PATH\\]"), ("selfdraft:0", None, "expected ngram"), ("selfdraft:x", None, "expected"),
+    ("medusa", None, "expected ngram"), ("eagle:", None, "eagle\\[:PATH\\]"), ("selfdraft:0", None, "expected ngram"),
+    ("selfdraft:x", None, "expected"),
     ("draft:", None, "expected"), ("ngram:", None, "expected"), ("ngram:0", None, "expected ngram"),
     ("ngram", "0", "1..31"), ("ngram", "32", "1..31"), ("ngram", "deep", "or auto"), (None, "4", "needs --spec"),
     ("suffix:0", None, "expected ngram"), ("suffix:32", None, "1..31"), ("suffix:", None, "expected"),
@@ -61,7 +62,8 @@ def test_label_says_what_runs() -> None:
 
 
 @pytest.mark.parametrize("spec, depth, text", [
-    ("ngram", None, "ngram:3"), ("ngram:5", "2", "ngram:5"), ("suffix", None, "suffix:31"), ("suffix:6", "4", "suffix:6"), ("selfdraft", "4", "selfdraft"),
+    ("ngram", None, "ngram:3"), ("ngram:5", "2", "ngram:5"), ("suffix", None, "suffix:31"),
+    ("suffix:6", "4", "suffix:6"), ("selfdraft", "4", "selfdraft"),
     ("selfdraft:7", None, "selfdraft:7"), ("draft:models/small.gguf", "auto", "draft:models/small.gguf"),
 ])
 def test_source_text_parses_back_to_the_same_speculation(spec: str, depth: str | None, text: str) -> None:

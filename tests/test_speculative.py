@@ -33,7 +33,7 @@ NEW = 40  # tokens per tiny run
 # Critical values of χ² with df degrees of freedom at α = 0.001 (standard tables; scipy.stats.chi2.isf(0.001, df)).
 CHI2_CRITICAL = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515, 7: 24.322}
 SELF_DRAFTS = ("selfdraft:2", "draft-self")
-LOOKUPS = ("ngram", "suffix")  # draft from the text: a step without a match is a plain one  # the drafter is the whole target: every draft must be accepted
+LOOKUPS = ("ngram", "suffix")  # draft from the text: a step without a match is a plain one
 
 
 @functools.cache
@@ -243,7 +243,7 @@ def test_verify_steps_wait_for_the_device_only_for_a_model_drafter() -> None:
         runner = tiny_runner("llama")
         install_speculation(runner, parse_speculation("suffix"), drafter)
         clock, calls = runner.clock, []
-        runner.clock = lambda: calls.append(1) or clock()
+        runner.clock = lambda calls=calls, clock=clock: calls.append(1) or clock()
         list(generate_step(runner, PROMPT, GREEDY, 48))
         reads[name] = (len(calls), runner.counters[SPEC_COUNTER])
     assert reads["lookup"][1] > 0 and reads["lookup"][0] == 0, reads

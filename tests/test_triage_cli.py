@@ -84,7 +84,8 @@ def test_the_final_configuration_stands_beside_a_peer(tmp_path: Path, capsys: py
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ab_module, "_load_contention", lambda report: None)
     # random weights: the hf peer copies the runner's weights instead of loading the model's files
-    monkeypatch.setattr(sources, "load_checkpoint", lambda spec="default": tiny_checkpoint("llama", random_weights=True))
+    monkeypatch.setattr(sources, "load_checkpoint",
+                        lambda spec="default": tiny_checkpoint("llama", random_weights=True))
     argv = ["triage", *SMALL, "--peers", "hf", "--output", "json", "--ledger", str(tmp_path / "l.db")]
     assert main(argv) == 0
     ladder = json.loads(capsys.readouterr().out)["ladder"]
@@ -106,7 +107,7 @@ def test_the_frameworks_own_chatter_goes_to_the_notes_not_the_terminal(tmp_path:
     real = triage_run.stage_outlook
 
     def chatty(state):  # noqa: ANN001, ANN202 - what torch's SDPA and the profiler do: a Python warning, a C line
-        warnings.warn("Both fused kernels require query, key and value to have the same num_heads")
+        warnings.warn("Both fused kernels require query, key and value to have the same num_heads", stacklevel=1)
         os.write(2, b"USDT:2026-12-02 06:15:18 12110:12110 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
         return real(state)
 

@@ -147,7 +147,7 @@ def test_a_planted_sync_raises_syncs_per_token() -> None:
 def _fake_probe(ok: bool, why: str):
     def can_use(params, debug: bool = False) -> bool:  # noqa: ANN001
         if not ok and debug:
-            warnings.warn(why)
+            warnings.warn(why, stacklevel=1)
         return ok
     return can_use
 

@@ -3,7 +3,6 @@ ab's one verdict rule (a null lever is neutral, a lever that never runs is inval
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import threading
 from typing import Callable

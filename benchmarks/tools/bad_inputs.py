@@ -1,9 +1,10 @@
 """Every bad input the reliability issue tried, run through the command line: exit status, the error line, seconds.
 
 Usage: python benchmarks/tools/bad_inputs.py [--out benchmarks/results/bad-inputs-cpu.json]
-Header cases are one-field mutations of the real default model (benchmarks/tools/fuzzkit/gguf_mutate.py); config.json cases
-mutate a tiny Hugging Face folder (benchmarks/tools/fuzzkit/config_mutate.py). Each command runs in a fresh process with a
-private cache, as a new user would run it; seconds include Python's start-up and any torch import.
+Header cases are one-field mutations of the real default model (benchmarks/tools/fuzzkit/gguf_mutate.py);
+config.json cases mutate a tiny Hugging Face folder (benchmarks/tools/fuzzkit/config_mutate.py). Each command runs in
+a fresh process with a private cache, as a new user would run it; seconds include Python's start-up and any torch
+import.
 Prints the Markdown table docs/reliability.md carries.
 """
 

@@ -13,7 +13,8 @@ The prompts of a set run one after another on one target, so the controller carr
 as it does in an A/B's runs.
 
     python3 benchmarks/tools/draft_replay.py --texts ~/.cache/kerneltriage/replay-texts.json   # greedy texts, once
-    python3 benchmarks/tools/draft_replay.py --texts FILE --sources suffix,ngram --verify-costs 16:1.43,32:1.6 --out r.json
+    python3 benchmarks/tools/draft_replay.py --texts FILE --sources suffix,ngram --verify-costs 16:1.43,32:1.6 \
+        --out r.json
 
 The texts come from the CPU in float32 (greedy; an H200 in bf16 writes mostly the same text; --dtype bfloat16 for bf16
 ones: 11 of copy_heavy's 16 continuations and 7 of repetitive's 11 equal the float32 ones). --verify-costs: a verify

@@ -24,8 +24,9 @@ EPILOG = """examples:
   kerneltriage ab --a levers=graphs --b 'levers=graphs;spec=selfdraft:15;depth=4'   speculation under graphs
 
 A side is key=value pairs separated by ';': levers=a,b ('levers=' is stock), spec=ngram[:N]|suffix[:N]|selfdraft[:L]|
-draft:MODEL|eagle[:PATH] and depth=K|auto (speculative decoding, as --spec and --spec-depth on generate). The timed prompts are random
-tokens: prompt lookup (ngram, suffix) finds nothing to draft there, and a B whose speculation never verified is invalid;
+draft:MODEL|eagle[:PATH] and depth=K|auto (speculative decoding, as --spec and --spec-depth on generate). The timed
+prompts are random tokens: prompt lookup (ngram, suffix) finds nothing to draft there, and a B whose speculation
+never verified is invalid;
 --prompts FILE.jsonl decodes after each of a file's prompts instead (benchmarks/prompts/ has sets).
 Order of work: greedy digests of A and B must match (levers that reorder the arithmetic may instead stay
 within a stated logit tolerance: in bf16 the lever in float32 within 1e-4 of float32 stock, and no further

@@ -64,8 +64,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("-d", "--n-depth", dest="depths", type=_sizes, default=[0], help="context depths (default: 0)")
     add("-r", "--repetitions", dest="repeats", type=_positive, default=5, help="timed samples per test (default: 5)")
     add("--warmups", type=_count, default=1, help="untimed runs of each engine before its samples (default: 1)")
-    parser.add_argument("--peers", default="", help="comma-separated: hf, hf-static, llama.cpp, mlx-lm, torch[:LEVERS], mlx[:LEVERS] "
-                        "(kerneltriage on its other backend; join its levers with '+')")
+    parser.add_argument("--peers", default="", help="comma-separated: hf, hf-static, llama.cpp, mlx-lm, "
+                        "torch[:LEVERS], mlx[:LEVERS] (kerneltriage on its other backend; join its levers with '+')")
     parser.add_argument("--llama-bench", type=Path, help="a llama-bench binary for the llama.cpp peer")
     parser.add_argument("--output", choices=OUTPUTS, default="table", help="table | md | csv | json (default: table)")
     parser.add_argument("--ledger", type=Path, default=default_ledger_path(), help="ledger file (default: %(default)s)")
@@ -167,8 +167,9 @@ def _config(runner: Any, tests: list, peers: tuple[str, ...], settings: Any, arg
             ceilings: Any) -> dict:
     return {"model": args.model, "source": runner.checkpoint.source, "random_weights": runner.config.random_weights,
             "backend": runner.backend, "device": str(runner.device), "dtype": runner.dtype,
-            "levers": list(runner.run_config.lever_names), "spec": runner.run_config.text, "tests": [t.name for t in tests], "repeats": settings.repeats,
-            "warmups": settings.warmups, "seed": settings.seed, "peers": list(peers), "ceilings": asdict(ceilings)}
+            "levers": list(runner.run_config.lever_names), "spec": runner.run_config.text,
+            "tests": [t.name for t in tests], "repeats": settings.repeats, "warmups": settings.warmups,
+            "seed": settings.seed, "peers": list(peers), "ceilings": asdict(ceilings)}
 
 
 def _label(runner: Any, tests: list) -> str:

@@ -13,7 +13,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         " Measured once per device, framework version and dtype, then read from the cache; --refresh measures again."
         " Each carries the load it was measured under; ceilings measured on a shared machine are measured again"
         " once the machine is quiet.")
-    parser.add_argument("--backend", default="auto", help="auto | torch | mlx: which framework measures (default: auto)")
+    parser.add_argument("--backend", default="auto",
+                        help="auto | torch | mlx: which framework measures (default: auto)")
     parser.add_argument("--device", default="auto", help="auto | cuda | cuda:N | cpu; mlx: gpu | cpu (default: auto)")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, float32 on cpu) | float32 | bf16 | fp16")
     parser.add_argument("--refresh", action="store_true", help="measure again instead of reading the cache")
@@ -32,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
     device = backend.resolve_device(args.device)
     dtype = backend.resolve_dtype(args.dtype, device)
     ceilings = backend.ceilings(device, dtype, refresh=args.refresh)
-    where = "vendor datasheet: measuring failed" if ceilings.source == "datasheet" else f"cache {cache_dir() / CACHE_FILE}"
+    cached = f"cache {cache_dir() / CACHE_FILE}"
+    where = "vendor datasheet: measuring failed" if ceilings.source == "datasheet" else cached
     print(f"device        {ceilings.device} ({device}, {backend.name})")
     print(f"copy          {format_bandwidth(ceilings.bandwidth)} (bytes read + written)")
     print(f"matmul        {format_flops(ceilings.matmul_flops)} ({ceilings.dtype})")

@@ -36,14 +36,15 @@ and, in speculation, lost (0.17× on a copy-heavy set: README).
 position with the next token's embedding and predicts the next hidden state, which the target's own lm_head turns
 into a draft token (backends/torch/eagle.py). Same prompts, same held-out agreement; the target runs in float32;
 on top of the greedy answers it trains on --samples more per prompt drawn at temperature 0.8, and on 32 more
-prompts; the head is written to eagle/MODEL.safetensors in the user cache, where --spec eagle finds it (--out FILE elsewhere,
-then --spec eagle:FILE).
+prompts; the head is written to eagle/MODEL.safetensors in the user cache, where --spec eagle finds it (--out FILE
+elsewhere, then --spec eagle:FILE).
 
 examples:
   kerneltriage distill                                  # default model, 2 layers, 300 steps → the user cache
   kerneltriage distill --layers 4 --steps 1000 --out ./smollm2-draft
   kerneltriage distill --eagle --device cuda            # the EAGLE head, 1200 steps → --spec eagle
-  kerneltriage ab --a "levers=graphs" --b "levers=graphs;spec=draft:PATH" --prompts benchmarks/prompts/copy_heavy.jsonl"""
+  kerneltriage ab --a "levers=graphs" --b "levers=graphs;spec=draft:PATH" \\
+      --prompts benchmarks/prompts/copy_heavy.jsonl"""
 
 
 def _positive(text: str) -> int:
@@ -93,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_eagle(args, trainer)
     checkpoint = load_checkpoint(args.model)
     trainer.check_student(checkpoint, args.layers)  # bad --layers or an unwritable model: fail before loading it
-    out = Path(args.out).expanduser() if args.out else cache_dir() / "drafters" / f"{checkpoint.config.name}-L{args.layers}"
+    drafters = cache_dir() / "drafters"
+    out = Path(args.out).expanduser() if args.out else drafters / f"{checkpoint.config.name}-L{args.layers}"
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out}: exists and is not a folder; expected a folder to write the draft into")
     target = build_runner(checkpoint, args, RunConfig())

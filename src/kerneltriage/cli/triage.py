@@ -50,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "triage", help="the three questions, measured: delete work, unlock a fast path, cut dispatch",
         description=__doc__, epilog=EPILOG + "\n\n" + LEVERS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(parser)
-    parser.add_argument("-p", "--n-prompt", dest="prompt", type=_count(1), default=512, help="prompt tokens (default: 512)")
+    parser.add_argument("-p", "--n-prompt", dest="prompt", type=_count(1), default=512,
+                        help="prompt tokens (default: 512)")
     parser.add_argument("-n", "--n-gen", dest="gen", type=_count(1), default=128, help="decode tokens (default: 128)")
     parser.add_argument("-d", "--n-depth", dest="depth", type=_count(0), default=0, help="context depth (default: 0)")
     parser.add_argument("--output", choices=OUTPUTS, default="table", help="table | json (default: table)")

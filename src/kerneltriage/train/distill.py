@@ -2,7 +2,8 @@
 with its embedding, final norm and output projection, trained to match the target's own next-token distribution
 (KL(target ‖ draft) at every position of the answers) on the target's greedy continuations of a set of prompts —
 the text a draft is asked to continue; not the prompts, whose chat-template boilerplate it would learn instead —
-then written as a Hugging Face folder (config.json, model.safetensors, the target's tokenizer) that `--spec draft:PATH` loads.
+then written as a Hugging Face folder (config.json, model.safetensors, the target's tokenizer) that
+`--spec draft:PATH` loads.
 
 Only the copied layers and the final norm train; the embedding and output projection stay the target's (the draft
 must score the same vocabulary). Before training the draft is `--spec selfdraft:L`; the report gives the top-1

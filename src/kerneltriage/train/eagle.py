@@ -1,8 +1,8 @@
 """Training an EAGLE-style head (backends/torch/eagle.py) on a torch runner by self-distillation: on the target's
-answers to distill.py's built-in training prompts and the further ones here (none from benchmarks/prompts/) — greedy, and
-`samples` more each drawn at SAMPLE_TEMPERATURE (a head has many more weights than those prompts' greedy answers
-have positions: 20 of them overfit it, 21% held-out agreement at 400 steps on the CPU while its training KL fell to
-0.8) — the head is fed the target's true features f_j with the tokens t_{j+1} that followed
+answers to distill.py's built-in training prompts and the further ones here (none from benchmarks/prompts/) —
+greedy, and `samples` more each drawn at SAMPLE_TEMPERATURE (a head has many more weights than those prompts' greedy
+answers have positions: 20 of them overfit it, 21% held-out agreement at 400 steps on the CPU while its training KL
+fell to 0.8) — the head is fed the target's true features f_j with the tokens t_{j+1} that followed
 (slightly noised, so it learns to continue from its own imperfect predictions too) and trained to predict f_{j+1}:
 KL(target ‖ head) between lm_head(f_{j+1}) and lm_head(the prediction) — the next token's distribution, what a
 verify accepts — plus a smooth-L1 pull towards f_{j+1} itself (EAGLE's two losses). Only the answers' rows count

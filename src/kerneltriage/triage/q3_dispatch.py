@@ -32,7 +32,8 @@ def dispatch_gap(decode: Breakdown, gpu: bool) -> Finding | None:
         return None
     device = "GPU" if gpu else "CPU (op time)"
     bound = "decode is dispatch-bound: " if decode.dispatch_bound else ""
-    counts = f" ({decode.kernels_per_token:.0f} kernels, {decode.launches_per_token:.0f} launches per token)" if gpu else ""
+    per_token = f"{decode.kernels_per_token:.0f} kernels, {decode.launches_per_token:.0f} launches per token"
+    counts = f" ({per_token})" if gpu else ""
     return Finding(
         QUESTION, "dispatch-gap", f"{bound}the {device} is idle {gap:.0%} of each decode step{counts}",
         {"gap_share": gap, "step_seconds": decode.step_seconds, "device_seconds": decode.device_seconds,

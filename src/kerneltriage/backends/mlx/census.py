@@ -2,10 +2,10 @@
 
 MLX evaluates lazily, so a host wait happens exactly where Python asks for a value: `mx.eval`, `.item()`,
 `.tolist()`, a numpy conversion (`np.array(x)`, `np.asarray(x)`, `__array__`). Those calls are wrapped for the
-counted run only and each is counted at the innermost frame outside MLX and this file. `mx.async_eval` schedules work without
-waiting: it is counted apart ("scheduled"), not as a sync. Dtype conversions (`astype`) are counted as casts by
-kind. `ops` is the primitives one step builds as a GPU runs them (`graph_ops.py`: each `mx.fast` call one op,
-views left out), per prefill of the prompt or per decode step after it, counted on the graph apart from the run.
+counted run only and each is counted at the innermost frame outside MLX and this file. `mx.async_eval` schedules
+work without waiting: it is counted apart ("scheduled"), not as a sync. Dtype conversions (`astype`) are counted as
+casts by kind. `ops` is the primitives one step builds as a GPU runs them (`graph_ops.py`: each `mx.fast` call one
+op, views left out), per prefill of the prompt or per decode step after it, counted on the graph apart from the run.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ embedding, the output head) and its attention, RoPE and cache-write functions ar
 activation, reshapes: counted as "other"), then builds its op (host time) and evaluates it (device time of its
 class). Syncing at every op class removes the overlap MLX would give, as any profiler inflates; the step time the
 shares are taken of comes from the unprofiled measurement. A compiled step is one class: wrappers cannot
-evaluate inside a trace (a prefill, eager under `compile`, is timed op by op). Kernel, launch and sync counts are not observable here and are reported as 0, as torch's
-CPU profile reports them.
+evaluate inside a trace (a prefill, eager under `compile`, is timed op by op). Kernel, launch and sync counts are
+not observable here and are reported as 0, as torch's CPU profile reports them.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class _Timed(nn.Module):
 
 def _leaves(model: nn.Module) -> Iterator[tuple[nn.Module, str, str]]:
     """(parent, attribute, op class) of every module the profile times."""
-    for name, module in list(model.named_modules()):
+    for _, module in list(model.named_modules()):
         for attribute, child in list(module.children().items()):
             if isinstance(child, nn.Module) and (attribute in MODULE_CLASSES or attribute.startswith("packed_")):
                 yield module, attribute, MODULE_CLASSES.get(attribute, attribute)
@@ -135,7 +135,8 @@ def _recording_sdpa(calls: list[SdpaCall]) -> Iterator[None]:
         array_mask = isinstance(mask, mx.array)
         calls.append(SdpaCall(tuple(q.shape), tuple(k.shape), str(q.dtype).removeprefix("mlx.core."),
                               tuple(mask.shape) if array_mask else None, mask == "causal" if isinstance(mask, str)
-                              else False, q.shape[1] != k.shape[1], _mask_is_causal(mask, q, k) if array_mask else None))
+                              else False, q.shape[1] != k.shape[1],
+                              _mask_is_causal(mask, q, k) if array_mask else None))
         return original(q, k, v, scale=scale, mask=mask, **kwargs)
 
     mx.fast.scaled_dot_product_attention = recording

@@ -158,7 +158,8 @@ def save_head(head: EagleHead, path: Path) -> None:
     """The head's weights in bf16 and the target's shapes, written whole or not at all."""
     from safetensors.torch import save_file
 
-    weights = {name: tensor.detach().to("cpu", torch.bfloat16).contiguous() for name, tensor in head.state_dict().items()}
+    weights = {name: tensor.detach().to("cpu", torch.bfloat16).contiguous()
+               for name, tensor in head.state_dict().items()}
     metadata = {"kind": KIND, "target": head.config.name, **target_shapes(head.config)}
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")

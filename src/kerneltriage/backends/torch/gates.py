@@ -179,7 +179,8 @@ def time_backends(call: SdpaCall, inputs: dict[str, Any], usable: dict[str, bool
         except RuntimeError as exc:
             usable[short], reasons[short] = False, [f"failed at run time: {exc}"]
     for short in expandable:
-        seconds[short + EXPANDED] = _sdpa_seconds(_attention(inputs | {"enable_gqa": False}, short, call.q[1] // call.k[1]))
+        expanded = _attention(inputs | {"enable_gqa": False}, short, call.q[1] // call.k[1])
+        seconds[short + EXPANDED] = _sdpa_seconds(expanded)
     return seconds
 
 

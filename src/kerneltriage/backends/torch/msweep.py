@@ -1,6 +1,6 @@
 """The M-sweep: every projection matmul shape of the model (a `quantized` one through its own GEMV) at M = 1…16
-rows (what speculative verification, k + 1 rows, feeds it), per-call time. A bandwidth-bound GEMV costs about the same at every small M; a jump
-or a smaller M costing more than a larger one is a hole in the library's tuning grid.
+rows (what speculative verification, k + 1 rows, feeds it), per-call time. A bandwidth-bound GEMV costs about the
+same at every small M; a jump or a smaller M costing more than a larger one is a hole in the library's tuning grid.
 
 CUDA: every layer's weight of a shape is cycled through (for a large model none stays cache-resident; a small
 model's can all sit in L2, so its small GEMVs say little about bandwidth), the calls captured in a
