@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
+from kerneltriage.backends.mlx.models import llama
 from kerneltriage.backends.mlx.runner import Runner
 from kerneltriage.engine.patching import patched
 from kerneltriage.engine.probes import PhaseProfile, SdpaCall
@@ -119,7 +120,7 @@ def instrumented(runner: Runner, phase: str, tally: Tally | None = None) -> Iter
         else:
             for parent, attribute, cls in _leaves(model):
                 stack.enter_context(_replaced(parent, attribute, _Timed(parent[attribute], cls, tally), True))
-            for owner, name, cls in ((model, "attention", "attention"), (model, "rope", "rope"),
+            for owner, name, cls in ((model, "attention", "attention"), (llama, "apply_rope", "rope"),
                                      (model.cache, "update", "kv cache")):
                 stack.enter_context(_replaced(owner, name, _timed_function(tally, cls, getattr(owner, name)), False))
         stack.enter_context(_recording_sdpa(tally.calls))
@@ -196,6 +197,13 @@ class _TimedSampler:
 
     def accept(self, logits: mx.array, draft: Any) -> list[int]:
         return self.tally.timed("sampling", lambda: self.inner.accept(logits, draft), (logits,))
+
+    @property
+    def host_bound(self) -> bool:
+        return bool(self.inner.host_bound)
+
+    def follow(self, token: int) -> None:
+        self.inner.follow(token)
 
 
 def profile_decode(runner: Runner, prefix: Sequence[int], steps: int) -> PhaseProfile:
