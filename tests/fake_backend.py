@@ -157,7 +157,9 @@ class FakeRunner:
     def verify(self, last: int, drafts: Sequence[int], start: int, rows: int) -> np.ndarray:
         raise NotImplementedError("the fake backend does not speculate")
 
-    def sampler(self, params: Any, prompt: Sequence[int]) -> FakeSampler:
+    def sampler(self, params: Any, prompt: Sequence[int], processors: Sequence[Any] = ()) -> FakeSampler:
+        if processors:
+            raise NotImplementedError("the fake backend samples greedily, without logits processors")
         return FakeSampler(prompt)
 
     def loop(self, logits: np.ndarray, start: int, count: int, sampler: FakeSampler) -> Iterator[int]:

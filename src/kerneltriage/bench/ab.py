@@ -117,7 +117,7 @@ def _interval(i: stats.Interval) -> dict[str, float]:
 
 def _block(names: tuple[str, str], samplers: Mapping[str, Callable[[], Sample]], test: Test, block: str,
            settings: Settings, warm: dict[str, list[float]], progress: Progress, gpu: int, band: float | None = None
-           ) -> tuple[tuple[Measurement, ...], tuple[tuple[int, ...], ...], stats.Interval]:
+           ) -> tuple[tuple[Measurement, Measurement], tuple[tuple[int, ...], tuple[int, ...]], stats.Interval]:
     """One block of interleaved pairs, as two measurements with the block's start/end snapshots (a runner's
     warm-ups, popped from `warm`, go with its first measurement), each side's first tokens and the ratio's interval.
     With `band` and sequential settings the block stops at the first look that settles it."""
@@ -130,13 +130,13 @@ def _block(names: tuple[str, str], samplers: Mapping[str, Callable[[], Sample]],
         samples = paired(first, second, settings.pairs, tell)
         ratio = stats.paired_ratio_ci([s.timed for s in samples[0]], [s.timed for s in samples[1]])
     end = take_snapshot(gpu)
-    measurements = tuple(
+    first_side, second_side = (
         Measurement(MeasurementSpec(f"{name} {test.name} ({block})", test.phase, settings.tokens_per_sample(test),
                                     "tok",
                                     {"config": name, "block": block, "test": test.name}),
-                    [s.timed for s in side], warm.pop(name, []), start, end)
+                    tuple(s.timed for s in side), tuple(warm.pop(name, [])), start, end)
         for name, side in zip(names, samples))
-    return measurements, tuple(side[0].tokens for side in samples), ratio
+    return (first_side, second_side), (samples[0][0].tokens, samples[1][0].tokens), ratio
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ def sustain(runners: Mapping[str, Runner], settings: Settings, progress: Progres
     measurements = [Measurement(MeasurementSpec(f"{name} {test.name} (sustained)", test.phase,
                                                 settings.tokens_per_sample(test), "tok",
                                                 {"config": name, "block": "sustained", "test": test.name}),
-                                samples, (), start, end) for (name, test), samples in times.items()]
+                                tuple(samples), (), start, end) for (name, test), samples in times.items()]
     return measurements, {m.spec.label.removesuffix(" (sustained)"): _windows(m) for m in measurements}
 
 
@@ -210,7 +210,8 @@ def _windows(m: Measurement) -> tuple[float, float]:
 def build_runners(backend: Backend, checkpoint: Checkpoint, a: RunConfig, b: RunConfig, device: str,
                   dtype: str) -> dict[str, Runner]:
     """A, A' and B, each with its own copy of the weights from the one checkpoint."""
-    return {name: backend.build(checkpoint, config, device, dtype) for name, config in {"A": a, "A'": a, "B": b}.items()}
+    sides = {"A": a, "A'": a, "B": b}
+    return {name: backend.build(checkpoint, config, device, dtype) for name, config in sides.items()}
 
 
 def _counted(runner: Runner) -> tuple[str, ...]:
@@ -235,7 +236,7 @@ def run_ab(backend: Backend, runners: Mapping[str, Runner], settings: Settings, 
     checked after the timing, where it shows a win."""
     a, b = runners["A"], runners["B"]
     check_fits(settings.tests, a.config.max_context)
-    if settings.context_needed > a.config.max_context:
+    if settings.prompt_set is not None and settings.context_needed > a.config.max_context:
         raise InputError(f"--prompts {settings.prompt_set.name}: the longest prompt ({settings.prompt_set.longest} "
                          f"tokens) and {settings.gen} new ones exceed the model's context of {a.config.max_context}")
     correctness = None if settings.winners_only else _checked(backend, a, b, progress, kept)
@@ -291,10 +292,11 @@ def _with_timed(backend: Backend, a: Runner, b: Runner, correctness: Correctness
     if decode is None:
         return correctness
     size = decode.test.n + 1  # tokens each prompt's run emits
-    prefixes = settings.prompt_set.prompts if settings.prompt_set else [tokens_for(decode.test, a.config.vocab_size).prefix]
+    prefixes = (settings.prompt_set.prompts if settings.prompt_set
+                else [tokens_for(decode.test, a.config.vocab_size).prefix])
     for i, prefix in enumerate(prefixes):
-        runs = (tokens[i * size:(i + 1) * size] for tokens in decode.tokens)
-        timed = check_timed(backend, a, b, prefix, *runs, semantic=correctness.semantic_error is None)
+        run_a, run_b = (tokens[i * size:(i + 1) * size] for tokens in decode.tokens)
+        timed = check_timed(backend, a, b, prefix, run_a, run_b, semantic=correctness.semantic_error is None)
         if timed is not None:
             return dataclasses.replace(correctness, timed=f"prompt {i}: {timed}" if settings.prompt_set else timed)
     return correctness

@@ -4,11 +4,11 @@ checklist and the verdict; its JSON summary and its ledger experiment."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 from kerneltriage.bench.equivalence import DIGEST_PROMPT_TOKENS, DIGEST_PROMPTS, DIGEST_TOKENS, Correctness
 from kerneltriage.bench.workloads import WORKLOAD_SEED, Test
-from kerneltriage.core import verdict
+from kerneltriage.core import stats, verdict
 from kerneltriage.core.measurement import Measurement
 from kerneltriage.engine.configuration import RunConfig
 
@@ -17,21 +17,30 @@ if TYPE_CHECKING:
 
 
 class Phase(Protocol):
-    """One phase of an A/B as the report reads it (ab.Phase): its test, A/A and A/B blocks and summary."""
+    """One phase of an A/B as the report and its readers read it (ab.Phase, frozen): its test, A/A and A/B blocks,
+    the A/B ratio and summary."""
 
-    test: Test
-    aa: tuple[Measurement, Measurement]
-    ab: tuple[Measurement, Measurement]
+    @property
+    def test(self) -> Test: ...
+    @property
+    def aa(self) -> tuple[Measurement, Measurement]: ...
+    @property
+    def ab(self) -> tuple[Measurement, Measurement]: ...
+    @property
+    def ratio(self) -> stats.Interval: ...
 
     def to_dict(self) -> dict[str, Any]: ...
 
 
 class Settings(Protocol):
-    """An A/B's effort as the report describes it (ab.Settings)."""
+    """An A/B's effort as the report describes it (ab.Settings, frozen)."""
 
-    pairs: int
-    warmups: int
-    sustain: float
+    @property
+    def pairs(self) -> int: ...
+    @property
+    def warmups(self) -> int: ...
+    @property
+    def sustain(self) -> float: ...
 
     @property
     def tests(self) -> list[Test]: ...
@@ -47,7 +56,7 @@ class Report:
     correctness: Correctness
     counters: dict[str, dict[str, int]]
     silent: list[str]
-    phases: list[Phase]
+    phases: Sequence[Phase]
     sustained: list[Measurement] = field(default_factory=list)
     windows: dict[str, tuple[float, float]] = field(default_factory=dict)
     checklist: tuple[verdict.ChecklistItem, ...] = ()

@@ -121,7 +121,7 @@ class Correctness:
 
 def relative_error(rows: np.ndarray, reference: np.ndarray) -> float:
     """‖rows − reference‖ / ‖reference‖ over every logit of every position."""
-    return float(np.linalg.norm(rows - reference) / max(np.linalg.norm(reference), 1e-30))
+    return float(np.linalg.norm(rows - reference) / max(float(np.linalg.norm(reference)), 1e-30))
 
 
 def _on_decode_path(setting: LeverSetting) -> bool:
@@ -173,11 +173,11 @@ def judge_logits(backend: Backend, a: Runner, b: Runner, prompts: Sequence[Seque
     error_a, error_b = (relative_error(forced_rows(r, prompts, count, fed, kept)[0], ref) for r in (a, b))
     # B's levers in float32 against stock float32 on B's own weights: where B holds other values than A (quantized
     # keeps the exact block values, A their bf16 roundings), A's reference would charge that rounding to the lever
-    semantic = relative_error(*(_float32_rows(backend, b, config, prompts, count, fed)
-                                for config in (b.run_config, None))) if semantic else None
+    semantic_error = relative_error(*(_float32_rows(backend, b, config, prompts, count, fed)
+                                      for config in (b.run_config, None))) if semantic else None
     tolerance = max(REFERENCE_FACTOR * error_a, LOGIT_FLOOR) if allow else None
     return {"logit_error": error_b, "tolerance": tolerance, "reference": "float32", "error_a": error_a,
-            "semantic_error": semantic}
+            "semantic_error": semantic_error}
 
 
 def _float32_rows(backend: Backend, runner: Runner, config: RunConfig | None, prompts: Sequence[Sequence[int]],
@@ -200,7 +200,8 @@ def seam_checks(backend: Backend, b: Runner) -> dict[str, tuple[float, float, fl
 def judge_quality(a: Runner, b: Runner, prompts: Sequence[Sequence[int]], count: int,
                   fed: Sequence[Sequence[int]]) -> dict[str, tuple[float, bool]]:
     """Each approximating lever's declared metric of B's teacher-forced logits against A's."""
-    declared = [Quality.parse(s.lever.quality) for s in b.run_config.levers if s.lever.numerics == "approximates"]
+    # a lever declares a quality metric exactly when it approximates (levers.Lever checks it)
+    declared = [Quality.parse(s.lever.quality) for s in b.run_config.levers if s.lever.quality is not None]
     if not declared:
         return {}
     ref, rows = forced_rows(a, prompts, count, fed)[0], forced_rows(b, prompts, count, fed)[0]

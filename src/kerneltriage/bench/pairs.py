@@ -44,10 +44,15 @@ def sequential_pairs(first: Callable[[], Sample], second: Callable[[], Sample], 
     xs: list[Sample] = []
     ys: list[Sample] = []
     for look in sequential.looks(most):
-        more = paired(first, second, look - len(xs), lambda i, done=len(xs): tell(done + i), start=len(xs))
+        more = paired(first, second, look - len(xs), _shifted(tell, len(xs)), start=len(xs))
         xs += more[0]
         ys += more[1]
         decision = sequential.decide([x.timed / y.timed for x, y in zip(xs, ys)], band, most, show_loss=False)
         if decision.stop:
             break
     return (xs, ys), decision.interval
+
+
+def _shifted(tell: Callable[[int], None], by: int) -> Callable[[int], None]:
+    """`tell` of pair numbers counted on from `by` (the pairs an earlier look ran)."""
+    return lambda i: tell(by + i)

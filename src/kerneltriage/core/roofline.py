@@ -30,18 +30,37 @@ MEMORY_BOUND, COMPUTE_BOUND = "memory", "compute"
 
 
 class ModelShape(Protocol):
-    """The ModelConfig fields the arithmetic reads (engine.config.ModelConfig satisfies it)."""
+    """The ModelConfig fields the arithmetic reads (engine.config.ModelConfig, frozen, satisfies it: read-only)."""
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    tie_embeddings: bool
-    attention_bias: bool
-    qk_norm: bool
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def intermediate_size(self) -> int: ...
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @property
+    def num_heads(self) -> int: ...
+
+    @property
+    def num_kv_heads(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def tie_embeddings(self) -> bool: ...
+
+    @property
+    def attention_bias(self) -> bool: ...
+
+    @property
+    def qk_norm(self) -> bool: ...
 
 
 @dataclass(frozen=True)

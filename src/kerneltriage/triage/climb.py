@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar
 
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.triage.candidates import Candidate, Refused
@@ -35,8 +35,11 @@ BUNDLE_MIN = 2  # candidates in a bundle: fewer is a single lever, already judge
 class Base(Protocol):
     """A configuration measured and profiled: what its round is judged against."""
 
-    config: RunConfig
-    breakdowns: Mapping[str, object]
+    @property
+    def config(self) -> RunConfig: ...
+
+    @property
+    def breakdowns(self) -> Mapping[str, object]: ...
 
     @property
     def bands(self) -> Mapping[str, float]:
@@ -49,26 +52,29 @@ class Base(Protocol):
     def standing(self) -> Standing: ...
 
 
-class Bench(Protocol):
-    """What the climb asks of the measuring side (triage/trials.py, over a backend)."""
+B = TypeVar("B", bound=Base)
 
-    def base(self, config: RunConfig) -> Base: ...
 
-    def profiled(self, base: Base) -> Base:
+class Bench(Protocol[B]):
+    """What the climb asks of the measuring side (triage/trials.py, over a backend), on bases of its own kind (`B`)."""
+
+    def base(self, config: RunConfig) -> B: ...
+
+    def profiled(self, base: B) -> B:
         """The base with every phase profiled (a round's ceilings need them all)."""
 
-    def judge(self, base: Base, candidate: Candidate) -> tuple[LeverResult | None, str, float]:
+    def judge(self, base: B, candidate: Candidate) -> tuple[LeverResult | None, str, float]:
         """`ab` of base + candidate against base: (the result, or None with why it could not be built; its warm-up
         seconds)."""
 
-    def release(self, base: Base) -> None: ...
+    def release(self, base: B) -> None: ...
 
     def elapsed(self) -> float:
         """Seconds since the climb began."""
 
 
 # (configuration, its profile, the start's profile) → the candidates on top of it and what is refused
-Propose = Callable[[RunConfig, Mapping[str, object], Mapping[str, object]], tuple[list[Candidate], list[Refused]]]
+Propose = Callable[[RunConfig, Mapping[str, Any], Mapping[str, Any]], tuple[list[Candidate], list[Refused]]]
 Tell = Callable[[str], None]
 
 
@@ -97,7 +103,7 @@ def gain(result: LeverResult | None, favor: str, weights: Mapping[str, float], b
 class Climb:
     """One climb: the bench it measures with, what proposes candidates, how wins are weighed, its time budget."""
 
-    bench: Bench
+    bench: Bench[Any]  # the climb hands back only the bases this bench made
     propose: Propose
     favor: str = "balanced"
     seconds: float = math.inf
@@ -147,9 +153,10 @@ class Climb:
                 ladder.stop = f"budget spent ({self.seconds:.0f} s) in round {number}"
                 break
             if index:  # on top of what this round adopted already: it must win again there
-                trial = self._confirm(number, base, trial.candidate.text, ladder)
-                if trial is None:
+                confirmed = self._confirm(number, base, trial.candidate.text, ladder)
+                if confirmed is None:
                     continue
+                trial = confirmed
             base = self._adopt(base, trial, ladder)
             adopted = True
         if not adopted and not self.spent:
@@ -161,8 +168,8 @@ class Climb:
     @staticmethod
     def _why_nothing(number: int, ladder: Ladder) -> str:
         """Why a round adopted nothing: no candidate won, or the machine was shared so that none could be judged."""
-        timed = [t for t in ladder.trials if t.round == number and t.result is not None]
-        if timed and all(t.result.verdict == "contended" for t in timed):
+        verdicts = [t.result.verdict for t in ladder.trials if t.round == number and t.result is not None]
+        if verdicts and all(outcome == "contended" for outcome in verdicts):
             return (f"round {number}: every A/B was contended (the machine was shared), so none could be judged; "
                     "run it again alone")
         return f"round {number} adopted nothing: no candidate wins"
@@ -217,7 +224,7 @@ class Climb:
         leaning = [t.candidate for t in trials if t.result is not None and t.result.verdict == "neutral"
                    and all((t.ratio(p) or 1.0) >= 1.0 for p in base.bands)
                    and any((t.ratio(p) or 1.0) > 1.0 for p in base.bands)]
-        config, members = base.config, []
+        config, members = base.config, list[Candidate]()
         for candidate in leaning:
             found, _ = self.propose(config, base.breakdowns, self._start)
             joined = next((c for c in found if c.text == candidate.text), None)

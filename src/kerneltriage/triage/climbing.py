@@ -18,7 +18,7 @@ from kerneltriage.triage.finding import Finding
 from kerneltriage.triage.ladder import Ladder, Rung
 from kerneltriage.triage.measure import LeverResult
 from kerneltriage.triage.setup import Budget, Workload
-from kerneltriage.triage.trials import Trials
+from kerneltriage.triage.trials import TrialBase, Trials
 
 CONFIRM_PAIRS = 8  # the final confirmation of the start against the final configuration: a fixed block, never fewer
 
@@ -31,7 +31,7 @@ def climb(backend: Backend, runner: Runner, workload: Workload, budget: Budget, 
     `routed`: the attention levers the gate audit named (the only gated levers tried); `known`: profiles already made
     (configuration text → phase → breakdown: the start's, from triage's own profile)."""
     trials = Trials(backend, runner, workload, budget, Ceilings(**setup["ceilings"]), evidence, tell,
-                    options.prompt_set, known=dict(known))
+                    options.prompt_set, known=dict(known or {}))
     place = runner.place
 
     def propose(config: RunConfig, breakdowns: Mapping[str, Breakdown], start: Mapping[str, Breakdown]
@@ -41,6 +41,7 @@ def climb(backend: Backend, runner: Runner, workload: Workload, budget: Budget, 
 
     seconds = budget.climb_limit(options.budget, setup["model"]["weight_bytes_per_token"])
     ladder, final = Climb(trials, propose, options.favor, seconds, tell).run(runner.run_config)
+    assert isinstance(final, TrialBase), "the climb hands back a base its bench made"
     profile = dict(trials.profiled(final).breakdowns)
     try:
         if ladder.final != ladder.start:
@@ -88,7 +89,7 @@ def findings(ladder: Ladder) -> list[Finding]:
 
 def _best_phase(result: LeverResult) -> str:
     ratios = {p: result.ratio(p) or 0.0 for p in ("prefill", "decode") if p in result.phases}
-    return max(ratios, key=ratios.get) if ratios else "decode"
+    return max(ratios, key=lambda phase: ratios[phase]) if ratios else "decode"
 
 
 def _rung_finding(rung: Rung) -> Finding | None:

@@ -89,7 +89,8 @@ def sweep_plot(report: Report) -> str:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=FIGURE_SIZE)
     for curve in report.sweep:
-        ax.plot(curve["rows"], [s * 1e6 for s in curve["seconds"]], "o-", label=f"{curve['name']} {curve['k']}→{curve['n']}")
+        ax.plot(curve["rows"], [s * 1e6 for s in curve["seconds"]], "o-",
+                label=f"{curve['name']} {curve['k']}→{curve['n']}")
         for hole in curve["holes"]:
             ax.plot([hole["rows"]], [curve["seconds"][curve["rows"].index(hole["rows"])] * 1e6], "rx", markersize=12)
     ax.set_xlabel("M (rows per call)")
@@ -114,7 +115,8 @@ def sdpa_plot(report: Report) -> str:
         ax.bar([j + i * width for j in range(len(timed))], [row["seconds"].get(name, 0) * 1e6 for row in timed],
                width, label=name)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(timed))],
-                  [f"{row['phase']} q{row['call']['q'][2]} k{row['call']['k'][2]} d{row['call']['q'][3]}" for row in timed])
+                  [f"{row['phase']} q{row['call']['q'][2]} k{row['call']['k'][2]} d{row['call']['q'][3]}"
+                   for row in timed])
     ax.set_ylabel("µs per call")
     ax.set_title("SDPA backends at the model's shapes")
     ax.legend(fontsize=7)

@@ -37,8 +37,8 @@ Progress = Callable[[int, str], None]
 FULL_ROOFLINE_PCT = 100.0
 CONTEXT_DEPTH_MIN = 64  # shallower, decode's cost of context is within the noise of a short decode
 CPU_SDPA_NOTES = {"torch": "SDPA on the CPU: torch's CPU kernels, reported without timing claims",
-                  "mlx": "SDPA on the CPU: MLX has no fused attention there (its composed ops run every call); the gate "
-                         "table says what Metal and CUDA would run, by MLX's source"}
+                  "mlx": "SDPA on the CPU: MLX has no fused attention there (its composed ops run every call); the "
+                         "gate table says what Metal and CUDA would run, by MLX's source"}
 
 
 @dataclass
@@ -95,7 +95,7 @@ def stage_setup(state: _State) -> None:
     if not over:
         return
     runner = state.runner
-    ceilings = state.backend.ceilings(runner.device, runner.dtype, refresh=True)
+    ceilings = state.backend.ceilings(str(runner.device), runner.dtype, refresh=True)
     state.setup["ceilings"] = asdict(ceilings)
     for result in state.measured:
         state.setup[result.test.phase] = phase_numbers(result, runner.config, runner.dtype_bytes, ceilings)
@@ -143,7 +143,7 @@ def stage_fastpath(state: _State) -> None:
     # The profiled decode steps sit at the start of the generation: probe decode at its mean context instead.
     depth = w.decode_test.prefix_length + w.gen // 2
     state.gates = [backend.attention_gates(phase, at_keys(call, depth) if phase == "decode" else call, per_pass,
-                                           runner.device)
+                                           str(runner.device))
                    for phase, calls in state.calls.items()
                    for call, per_pass in distinct_calls(calls, state.passes[phase])]
     if not state.gpu:
@@ -224,8 +224,9 @@ def triage(backend: Backend, runner: Runner, workload: Workload, progress: Progr
     options = options or Options()
     state = _State(backend, runner, workload, budget_for(runner.device_type), runner.device_type == "cuda", options)
     config = {"model": runner.config.name or runner.checkpoint.source, "source": runner.checkpoint.source,
-              "random_weights": runner.config.random_weights, "backend": runner.backend, "device": str(runner.device),
-              "dtype": runner.dtype, "levers": list(runner.run_config.lever_names), "run_config": runner.run_config.text,
+              "random_weights": runner.config.random_weights, "backend": runner.backend,
+              "device": str(runner.device), "dtype": runner.dtype, "levers": list(runner.run_config.lever_names),
+              "run_config": runner.run_config.text,
               "workload": asdict(workload), "budget": asdict(state.budget), "climb_budget": options.budget,
               "favor": options.favor, "prompts": options.prompt_set.name if options.prompt_set else None,
               "spec": options.speculation.label if options.speculation else None}
@@ -244,12 +245,17 @@ def triage(backend: Backend, runner: Runner, workload: Workload, progress: Progr
     return report
 
 
+def _stage_tell(progress: Progress, index: int, name: str) -> Callable[[str], None]:
+    """What a stage says as it goes, shown under its own name and number."""
+    return lambda what: progress(index, f"{name} — {what}")
+
+
 def _run_stages(state: _State, progress: Progress | None) -> dict[str, float]:
     seconds = {}
     for index, (name, stage) in enumerate(zip(STAGES, STAGE_FUNCTIONS)):
         if progress is not None:
             progress(index, name)
-            state.tell = lambda what, index=index, name=name: progress(index, f"{name} — {what}")
+            state.tell = _stage_tell(progress, index, name)
         started = time.perf_counter()
         stage(state)
         seconds[name] = time.perf_counter() - started

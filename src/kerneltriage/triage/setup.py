@@ -102,7 +102,7 @@ def measure_setup(backend: Backend, runner: Runner, workload: Workload, budget: 
     """Ceilings, model costs, floors and the measured prefill and decode; the harness's TestResults."""
     from kerneltriage.bench.harness import Settings, run_test
 
-    ceilings = backend.ceilings(runner.device, runner.dtype)
+    ceilings = backend.ceilings(str(runner.device), runner.dtype)
     warm_up(runner)
     settings = Settings(budget.repeats, budget.warmups if first_run_differs(runner) else 0)
     results = [run_test(runner, test, settings) for test in (workload.prefill_test, workload.decode_test)]

@@ -31,7 +31,8 @@ def _setup(report: Report) -> Iterable[RenderableType]:
     yield Rule("0 setup")
     yield (f"{report.config['model']} ({report.config['source']}) on {s['device']}, {s['dtype']}, "
            f"levers: {', '.join(report.config['levers']) or 'none'}")
-    yield (f"ceilings ({c['source']}): copy {format_bandwidth(c['bandwidth'])}, matmul {format_flops(c['matmul_flops'])}; "
+    yield (f"ceilings ({c['source']}): copy {format_bandwidth(c['bandwidth'])}, "
+           f"matmul {format_flops(c['matmul_flops'])}; "
            f"model {format_sig(s['model']['params'] / 1e6)} M params, "
            f"{format_bytes(s['model']['weight_bytes_per_token'])} of weights read per token")
     yield _phase_line("prefill", s["prefill"], "")
@@ -49,7 +50,8 @@ def _where(report: Report) -> Iterable[RenderableType]:
     yield table
     step = f"decode step: {format_duration(dec.step_seconds)} measured, "
     if report.config["device"].startswith("cpu"):  # no kernels, launches or runtime syncs to count on the CPU
-        yield step + f"op time {format_duration(dec.device_seconds)} (the rest {_pct(dec.gap_share)}: Python, framework)"
+        yield step + (f"op time {format_duration(dec.device_seconds)} "
+                      f"(the rest {_pct(dec.gap_share)}: Python, framework)")
         return
     host = "—" if dec.host_seconds is None else format_duration(dec.host_seconds)
     yield (step + f"device busy {format_duration(dec.device_seconds)} (idle {_pct(dec.gap_share)}), host issue {host}; "
