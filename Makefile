@@ -1,6 +1,7 @@
-# Two commands for a fresh machine:
+# Commands for a fresh machine:
 #   make run    installs everything into .venv and runs the main job on the default model
 #   make test   installs everything into .venv and runs the test suite
+#   make lint   ruff and mypy, as CI runs them before the tests (pyproject.toml: [tool.ruff], [tool.mypy])
 # TORCH picks the PyTorch build; override it for a CUDA machine, e.g. make run TORCH=torch==2.11.0
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
@@ -8,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install clean
+.PHONY: run test lint install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +25,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV)
