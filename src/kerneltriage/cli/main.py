@@ -10,7 +10,8 @@ from kerneltriage import __version__
 from kerneltriage.core.errors import InputError
 
 # Each subcommand module exposes `register(subparsers)`, which adds its parser and sets `func`.
-SUBCOMMANDS = ("generate", "models", "cache", "ledger", "bench", "ceilings", "ab", "triage", "kernel", "distill")
+SUBCOMMANDS = ("generate", "models", "cache", "ledger", "bench", "ceilings", "ab", "triage", "kernel", "distill",
+               "gguf")
 PROG = "kerneltriage"
 DEBUG_FLAG = "--debug"
 
