@@ -1,25 +1,41 @@
-"""The `quantized` lever on torch: each layer projection stored in the GGUF as Q4_0, Q4_1 or Q8_0 keeps its blocks on
-the device (`kernels/quant_gemv.py`): decode and verify rows (≤ 16) through the quantized GEMV, prompts through the
-weight dequantized for the call and a GEMM. The dequantized copies are dropped, so weight memory shrinks too.
-Other tensor types (F16, K-quants, …), the embedding and the output projection stay dequantized.
+"""The `quantized` lever on torch: each layer projection stored in the GGUF as Q4_0, Q4_1 or Q8_0 keeps its blocks
+instead of a dequantized copy, so weight memory shrinks too. Other tensor types (F16, K-quants, …), the embedding
+and the output projection stay dequantized. A stock copy of a quantized model (`load.stock_copy`: `ab`'s float32
+reference) takes each projection's dequantized values.
 
-It runs where Triton runs: CUDA, or the CPU under Triton's interpreter (the tests). A stock copy of a quantized
-model (`load.stock_copy`: `ab`'s float32 reference) takes each projection's dequantized values.
+- CUDA (`QuantLinear`): the blocks on the device (`kernels/quant_gemv.py`): decode and verify rows (≤ 16) through a
+  Triton GEMV, prompts through the weight dequantized for the call and a GEMM. The CPU runs the same under Triton's
+  interpreter when TRITON_INTERPRET=1 (the tests of that kernel).
+- CPU (`Int4Linear`): the blocks repacked for torch's int4 CPU matmul (`int4_cpu.py`), which is vectorized only for
+  bf16 activations: a bf16 model's rows (≤ INT4_ROWS) go through it; float32 or fp16 activations, and longer
+  prompts, through the weight dequantized from the blocks for the call (exactly stock's values: ab's float32 check).
 """
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kerneltriage.backends.torch import counting
+from kerneltriage.backends.torch.dequant import dequantize
+from kerneltriage.backends.torch.int4_cpu import COMPUTE, Int4Weight, int4_product, pack
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
+from kerneltriage.engine.checkpoint import RawTensor
+
+if TYPE_CHECKING:
+    from kerneltriage.kernels.quant_gemv import QuantWeight
 
 LEVER = "quantized"
+KINDS = ("Q4_0", "Q4_1", "Q8_0")
+INT4_ROWS = 128  # CPU: rows through the int4 kernel; above, dequantizing + a bf16 GEMM is faster (EPYC, 1 core: even
+# at 256 rows, 2× at 512); at 1 row it is 4× faster than a bf16 F.linear of the dequantized weight
+ROW_MULTIPLE = 16  # the int4 packer takes output sizes that are multiples of 16
 PROJECTIONS = {"q": ("self_attn", "q_proj"), "k": ("self_attn", "k_proj"), "v": ("self_attn", "v_proj"),
                "o": ("self_attn", "o_proj"), "gate": ("mlp", "gate_proj"), "up": ("mlp", "up_proj"),
                "down": ("mlp", "down_proj")}
@@ -29,7 +45,7 @@ class QuantLinear(nn.Module):
     """A Linear whose weight is kept as GGUF blocks (buffers: the model's bytes count them); the bias, if any, stays
     a parameter."""
 
-    def __init__(self, runner: Runner, weight, bias: nn.Parameter | None) -> None:  # noqa: ANN001 - a QuantWeight
+    def __init__(self, runner: Runner, weight: "QuantWeight", bias: nn.Parameter | None) -> None:
         super().__init__()
         self.qtype, self.bias, self.dtype = weight.qtype, bias, runner.torch_dtype
         self.out_features, self.in_features = weight.shape
@@ -39,7 +55,7 @@ class QuantLinear(nn.Module):
         self._count = lambda: counting.ran(runner, LEVER)  # a closure: the runner is not a submodule
 
     @property
-    def quant(self):  # noqa: ANN201 - a QuantWeight
+    def quant(self) -> "QuantWeight":
         from kerneltriage.kernels.quant_gemv import QuantWeight
 
         return QuantWeight(self.qtype, self.scales, self.mins, self.quants, (self.out_features, self.in_features))
@@ -68,24 +84,83 @@ class QuantLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
-def quantized(runner: Runner, value: str | None = None) -> None:
-    """delete: each layer's Q4_0/Q4_1/Q8_0 projections read as their blocks by a Triton GEMV (decode and verify)."""
-    from kerneltriage.kernels.quant_gemv import KINDS, split_blocks
+class Int4Linear(QuantLinear):
+    """The CPU's. A bf16 model holds the blocks repacked for torch's int4 CPU matmul (decode, verify and prompts up to
+    INT4_ROWS rows) and dequantizes longer prompts from the checkpoint's mapped blocks; a float32 or fp16 one holds
+    the blocks as stored and dequantizes them for every call (the int4 kernel is scalar code in those dtypes)."""
 
-    if runner.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise InputError(f"--levers {LEVER}: on torch its GEMV is a Triton kernel; expected a CUDA device, not "
-                         f"{runner.device}")
+    def __init__(self, runner: Runner, raw: RawTensor, bias: nn.Parameter | None) -> None:
+        nn.Module.__init__(self)
+        self.qtype, self.bias, self.dtype = raw.qtype, bias, runner.torch_dtype
+        self.out_features, self.in_features = raw.shape
+        self.int4 = runner.torch_dtype == COMPUTE
+        if self.int4:  # buffers, so that the model's bytes count them
+            weight = pack(raw)
+            self.register_buffer("packed", weight.packed, persistent=False)
+            self.register_buffer("scale_zeros", weight.scale_zeros, persistent=False)
+            self.raw = raw  # the file's mapped bytes, as a stock model's checkpoint keeps them
+        else:
+            self.register_buffer("blocks", torch.from_numpy(np.array(raw.data)), persistent=False)  # (N, bytes/row)
+            self.raw = RawTensor(raw.qtype, raw.shape, self.blocks.numpy())  # (the same memory)
+        self._count = lambda: counting.ran(runner, LEVER)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized weight, made at each access: for what reads a projection's weight (an EAGLE head borrows
+        the output projection's)."""
+        return self.stock_weight()
+
+    def stock_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The dequantized weight (N, K) in `dtype` (default: the model's): the values a stock model holds."""
+        return dequantize(self.raw, "cpu", dtype or self.dtype)
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        if self.int4 and x.dtype == COMPUTE and rows.shape[0] <= INT4_ROWS:
+            y = int4_product(rows, Int4Weight(self.packed, self.scale_zeros, (self.out_features, self.in_features)))
+        else:
+            y = F.linear(rows, self.stock_weight(x.dtype))
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def quantized(runner: Runner, value: str | None = None) -> None:
+    """delete: each layer's Q4_0/Q4_1/Q8_0 projections read as their blocks (CUDA: a Triton GEMV; CPU: torch's int4
+    CPU matmul for a bf16 model)."""
+    triton = runner.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
     tensors = runner.checkpoint.tensors
     kept = [(index, suffix) for index in range(len(runner.model.layers)) for suffix in PROJECTIONS
-            if getattr(tensors.get(f"layers.{index}.{suffix}"), "qtype", None) in KINDS]
+            if _takes(tensors.get(f"layers.{index}.{suffix}"), triton)]
     if not kept:
         types = sorted({raw.qtype for name, raw in tensors.items() if name.startswith("layers.")})
         raise InputError(f"--levers {LEVER}: {runner.checkpoint.source} has no {', '.join(KINDS)} projection weights "
                          f"(its layers are {', '.join(types) or 'random'}); expected a GGUF quantized to one of them")
+    if triton:
+        from kerneltriage.kernels.quant_gemv import split_blocks
     for index, suffix in kept:
         parent_name, child = PROJECTIONS[suffix]
         parent = getattr(runner.model.layers[index], parent_name)
-        linear = getattr(parent, child)
-        setattr(parent, child, QuantLinear(runner, split_blocks(tensors[f"layers.{index}.{suffix}"], runner.device),
-                                           linear.bias))  # the dequantized weight goes with the Linear
-    runner.no_compile = LEVER
+        raw, bias = tensors[f"layers.{index}.{suffix}"], getattr(parent, child).bias
+        # the dequantized weight goes with the Linear
+        setattr(parent, child, QuantLinear(runner, split_blocks(raw, runner.device), bias) if triton
+                else Int4Linear(runner, raw, bias))
+    if triton:
+        runner.no_compile = LEVER  # (on the CPU, compile traces torch's own ops: the int4 matmul is one of them)
+    else:
+        _output_projection(runner)
+
+
+def _output_projection(runner: Runner) -> None:
+    """CPU: the output projection too (a tied one from the embedding's blocks, which the embedding keeps dequantized
+    for its lookups): on the default model it is a fifth of the weights, and a bf16 GEMV of it took longer than all
+    the layers' int4 ones."""
+    tensors, config = runner.checkpoint.tensors, runner.checkpoint.config
+    raw = tensors.get("lm_head") or (tensors.get("embed") if config.tie_embeddings else None)
+    if raw is not None and _takes(raw, False) and runner.torch_dtype == COMPUTE:
+        runner.model.lm_head = Int4Linear(runner, raw, None)
+
+
+def _takes(raw: RawTensor | None, triton: bool) -> bool:
+    """A projection the lever keeps as blocks: Q4_0/Q4_1/Q8_0 (the int4 packer: an output size a multiple of 16)."""
+    return raw is not None and raw.qtype in KINDS and (triton or raw.shape[0] % ROW_MULTIPLE == 0)

@@ -1,0 +1,68 @@
+"""GGUF Q4_0 / Q4_1 / Q8_0 blocks repacked for torch's int4 CPU matmul (`aten._weight_int4pack_mm_for_cpu`), the
+`quantized` lever's decode GEMV on the CPU.
+
+That kernel computes x · Wᵀ with W[n, k] = (q − 8)·s + z, q a 4-bit value and (s, z) one scale and zero per group
+of 32 values along k, in the activations' dtype. Its bf16 path is vectorized (a 2-core EPYC: 30 of the default
+model's gate projections in 1.7 ms on one core, against 20 ms for bf16 `F.linear` and 9.8 ms for float32); its
+float32 and fp16 paths are scalar (30–80× slower), so the lever takes it only for bf16 activations.
+
+GGUF's blocks are 32 values with their own scales, so the repacking is exact up to the scales' bf16 rounding:
+- Q4_0: d·(q − 8) → s = d, z = 0;
+- Q4_1: d·q + m = d·(q − 8) + (m + 8d) → s = d, z = m + 8d;
+- Q8_0: d·q with q int8 → u = q + 128 = 16h + l (two nibbles), d·q = 16d·(h − 8) + d·(l − 8) + 8d: the row becomes 2K
+  4-bit values [h | l], groups of h with s = 16d, z = 0 and of l with s = d, z = 8d (one call, K doubled).
+The bf16 scales round d as a bf16 model's weights round each value (the relative error of either is ≤ 2⁻⁹).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from kerneltriage.engine.checkpoint import RawTensor
+
+GROUP = 32  # values per GGUF block = per int4 group
+KINDS = ("Q4_0", "Q4_1", "Q8_0")
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+COMPUTE = torch.bfloat16  # the only activation dtype its kernel vectorizes
+
+
+class Int4Weight(NamedTuple):
+    packed: torch.Tensor  # (N, K'/2) uint8 in the kernel's own layout (K' = K; 2K for Q8_0)
+    scale_zeros: torch.Tensor  # (K'/32, N, 2) bf16: (s, z) per group
+    shape: tuple[int, int]  # (N, K): the logical weight
+
+
+def pack(raw: RawTensor) -> Int4Weight:
+    """A stored Q4_0/Q4_1/Q8_0 tensor (rows of blocks) as the int4 kernel's packed weight and bf16 scales."""
+    if raw.qtype not in KINDS:
+        raise ValueError(f"tensor type {raw.qtype}: expected one of {', '.join(KINDS)}")
+    n, k = raw.shape
+    blocks = torch.from_numpy(np.array(raw.data)).view(n, k // GROUP, _BLOCK_BYTES[raw.qtype])  # (N, K/32, bytes)
+    d = blocks[:, :, 0:2].contiguous().view(torch.float16).float()[..., 0]  # (N, K/32)
+    if raw.qtype == "Q8_0":
+        u = blocks[:, :, 2:] ^ 0x80  # int8 q + 128 as uint8: (N, K/32, 32)
+        values = torch.cat([(u >> 4).reshape(n, k), (u & 0x0F).reshape(n, k)], dim=1)  # (N, 2K): [h | l]
+        scales = torch.cat([16 * d, d], dim=1)  # (N, 2K/32)
+        zeros = torch.cat([torch.zeros_like(d), 8 * d], dim=1)
+    else:
+        first = 4 if raw.qtype == "Q4_1" else 2
+        nibbles = blocks[:, :, first:]  # (N, K/32, 16): low nibbles are values 0..15, high ones 16..31
+        values = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=2).reshape(n, k)
+        scales = d
+        m = blocks[:, :, 2:4].contiguous().view(torch.float16).float()[..., 0] if raw.qtype == "Q4_1" else None
+        zeros = torch.zeros_like(d) if m is None else m + 8 * d
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(values.to(torch.int32), 1)
+    # (N, groups) twice → (groups, N, 2)
+    scale_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(COMPUTE)
+    return Int4Weight(packed, scale_zeros, (n, k))
+
+
+def int4_product(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
+    """x (M, K) bf16 → x·Wᵀ (M, N) bf16 through the int4 kernel (a Q8_0 weight's two halves read the same x)."""
+    k_packed = w.packed.shape[1] * 2
+    if k_packed != w.shape[1]:
+        x = torch.cat([x, x], dim=1)  # (M, 2K): the high nibbles' groups, then the low ones'
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, w.packed, GROUP, w.scale_zeros)

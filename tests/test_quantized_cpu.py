@@ -1,0 +1,87 @@
+"""The `quantized` lever's CPU path (backends/torch/int4_cpu.py, quantized.Int4Linear): GGUF Q4_0/Q4_1/Q8_0 blocks
+repacked for torch's int4 CPU matmul give the dequantized product within bf16 rounding; on a bf16 model the lever
+takes the projections and the output projection, holds fewer bytes, and passes ab's logit checks (its float32
+rebuild is stock float32 exactly; in bf16 no further from float32 than a bf16 model is); on a float32 model it keeps
+stock's tokens. Conftest runs Triton's interpreter on the CPU (the CUDA path's tests); these tests leave it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_checkpoint
+from kerneltriage.backends.torch.backend import BACKEND
+from kerneltriage.backends.torch.dequant import dequantize
+from kerneltriage.backends.torch.int4_cpu import int4_product, pack
+from kerneltriage.backends.torch.load import stock_copy
+from kerneltriage.backends.torch.quantized import Int4Linear
+from kerneltriage.bench import equivalence
+from kerneltriage.engine.checkpoint import Checkpoint, RawTensor
+from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.engine.generation import generate_step
+from kerneltriage.engine.sampling import SamplingParams
+
+gguf_quants = pytest.importorskip("gguf.quants")
+from gguf import GGMLQuantizationType  # noqa: E402 - after the skip
+
+PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+@pytest.fixture(autouse=True)
+def _no_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the lever's CPU path, not the Triton kernel's
+
+
+def _quantize(values: np.ndarray, qtype: str) -> RawTensor:
+    return RawTensor(qtype, values.shape, gguf_quants.quantize(values, getattr(GGMLQuantizationType, qtype)))
+
+
+@pytest.mark.parametrize("qtype", ("Q4_0", "Q4_1", "Q8_0"))
+def test_the_int4_product_is_the_dequantized_product_within_bf16_rounding(qtype: str) -> None:
+    raw = _quantize(np.random.default_rng(2).standard_normal((48, 256)).astype(np.float32), qtype)
+    exact = dequantize(raw, "cpu", torch.float32)
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(0)).bfloat16()
+    reference = x.float() @ exact.T
+    error = (int4_product(x, pack(raw)).float() - reference).norm() / reference.norm()
+    stock = (torch.nn.functional.linear(x, exact.bfloat16()).float() - reference).norm() / reference.norm()
+    assert error < 1.5 * stock  # a bf16 model's own rounding (weights and output) is the scale
+    assert error > 0  # the kernel ran on rounded scales: an exact match would mean it never did
+
+
+def _checkpoint() -> Checkpoint:
+    """A tiny llama (untied head, 320 tokens: a multiple of 16) with Q4_1 projections and a Q8_0 head."""
+    checkpoint = tiny_checkpoint("llama", vocab_size=320, max_context=128)
+    tensors = dict(checkpoint.tensors)
+    for name, raw in checkpoint.tensors.items():
+        suffix = name.split(".")[-1]
+        if name == "lm_head" or (name.startswith("layers.") and suffix in PROJECTIONS):
+            tensors[name] = _quantize(np.asarray(raw.data, dtype=np.float32), "Q8_0" if name == "lm_head" else "Q4_1")
+    return Checkpoint(checkpoint.config, tensors, checkpoint.tokenizer, source="tiny llama (Q4_1, Q8_0 head)")
+
+
+def test_a_bf16_model_reads_its_blocks_and_passes_abs_logit_checks() -> None:
+    checkpoint = _checkpoint()
+    a = BACKEND.build(checkpoint, RunConfig(), "cpu", "bfloat16")
+    b = BACKEND.build(checkpoint, RunConfig.from_flags("quantized"), "cpu", "bfloat16")
+    assert isinstance(b.model.lm_head, Int4Linear) and b.held_bytes() < 0.8 * a.held_bytes()
+    prompts = [list(range(5, 21))]
+    fed = [list(generate_step(a, prompts[0], SamplingParams(), 6))[:5]]
+    judged = equivalence.judge_logits(BACKEND, a, b, prompts, 5, True, fed)
+    assert judged["semantic_error"] < equivalence.LOGIT_RTOL, judged  # in float32: stock's values and arithmetic
+    assert judged["logit_error"] <= judged["tolerance"], judged  # bf16: no further from float32 than 1.5 × A
+    # prompt (16 rows: the int4 kernel) + 5 forced rows, 2 layers × 7 projections + the head each forward
+    assert b.counters["quantized"] > 0
+    exact = stock_copy(b.model, torch.float32)  # ab's float32 reference holds the blocks' exact values
+    assert torch.equal(exact.lm_head.weight, dequantize(checkpoint.tensors["lm_head"], "cpu", torch.float32))
+
+
+def test_a_float32_model_keeps_stocks_tokens() -> None:
+    checkpoint = _checkpoint()
+    stock = BACKEND.build(checkpoint, RunConfig(), "cpu", "float32")
+    quant = BACKEND.build(checkpoint, RunConfig.from_flags("quantized"), "cpu", "float32")
+    prompt = list(range(5, 21))
+    expected = list(generate_step(stock, prompt, SamplingParams(), 5))
+    assert len(set(expected)) > 1
+    assert list(generate_step(quant, prompt, SamplingParams(), 5)) == expected
+    assert quant.counters["quantized"] == 2 * 7 * 5  # the prompt and 4 decode steps; float32: no int4 kernel
