@@ -49,17 +49,14 @@ class ProcessedSampler:
         self.processors = list(processors)
         if params.repetition_penalty != 1.0:
             self.processors.append(penalty(params.repetition_penalty))
-
-    @property
-    def host_bound(self) -> bool:
-        """A processor keeps its state on the host (a constraint): the loops tell it each token (`follow`)."""
-        return any(hasattr(p, "follow") for p in self.processors)
+        # the processors whose state is on the host (a constraint): the loops tell them each token (`follow`)
+        self.followers = [p for p in self.processors if hasattr(p, "follow")]
+        self.host_bound = bool(self.followers)  # read once per token by the loops: a plain attribute
 
     def follow(self, token: int) -> None:
         """A token this generation emitted, read on the host: the host-side processors commit it."""
-        for processor in self.processors:
-            if hasattr(processor, "follow"):
-                processor.follow(token)
+        for processor in self.followers:
+            processor.follow(token)
 
     def rows(self, limit: int) -> Any:
         """The ids a constraint allows next when at most `limit` (a step may compute only those rows), else None."""
