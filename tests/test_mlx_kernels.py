@@ -37,8 +37,7 @@ def test_a_right_kernel_passes_and_one_that_ignores_the_window_mask_fails_there(
 def test_a_kernel_is_timed_beside_the_stock_op_in_both_lanes() -> None:
     timings = kernel_check.time_lanes(mlx_runner(tiny_checkpoint("llama")), COMPOSED, 1, 5)
     assert [t.lane for t in timings] == ["chained", "queued"]
-    assert all(t.kernel_seconds > 0 and t.stock_seconds > 0 and len(t.kernel_samples) == kernel_check.SAMPLES
-               for t in timings)
+    assert all(t.kernel_seconds > 0 and t.stock_seconds > 0 for t in timings)
 
 
 def test_the_cuda_candidate_is_refused_where_mlx_has_no_cuda() -> None:

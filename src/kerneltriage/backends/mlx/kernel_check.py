@@ -4,8 +4,8 @@ backend's `kernel_check.py` and `kernel_time.py` on MLX arrays), and its time pe
 A kernel at a seam is `fn(*inputs) → array` (`kernel_lever.py` gives the signatures): composed `mx` ops, an
 `mx.fast.metal_kernel` or an `mx.fast.cuda_kernel`. MLX arrays are values, so there is no output buffer to poison or
 swap: an element a kernel leaves unwritten is whatever its output held (NaN counts as unwritten, anything else as
-error). Each shape is checked on fresh random inputs, then called again on the same inputs (a result that moves
-between calls fails). Attention at `attn.decode` is checked as both of its callers make it: the eager decode (the
+error). Each shape is checked on fresh random inputs, called twice (a result that moves between calls is judged by
+its worse call). Attention at `attn.decode` is checked as both of its callers make it: the eager decode (the
 filled keys, no mask) and a compiled step's (a WINDOW of a longer cache, strided, under its mask).
 
 Timing lanes: "chained" (each call evaluated before the next: a decode step's dependency) and "queued" (CALLS
@@ -88,17 +88,17 @@ def _describe(args: Inputs) -> str:
 
 
 def _check_one(kernel: Kernel, args: Inputs, rows: int, depth: int, dtype: str) -> KernelCheck:
+    """The kernel called twice on the same inputs: the worse call's error (a result that moves between calls is as
+    wrong as its worse call), against the bound stock's own error sets."""
     first, again = kernel.fn(*args), kernel.fn(*args)
     stock = STOCK[kernel.seam]
     reference, base = stock(*_float32(args)).astype(mx.float32), stock(*args)
     mx.eval(first, again, reference, base)
-    error, stock_error = relative(first, reference), relative(base, reference)
+    error, stock_error = max(relative(first, reference), relative(again, reference)), relative(base, reference)
     tolerance = max(FACTOR * stock_error, FLOORS.get(dtype, DEFAULT_FLOOR))
-    caught = () if relative(again, first.astype(mx.float32)) <= tolerance else (
-        "repeat: two calls on the same inputs disagree: a non-deterministic result that one call would pass",)
-    exact = bool(mx.array_equal(first, base).item()) if kernel.exact else None
-    return KernelCheck(kernel.seam, rows, depth, _describe(args), error, stock_error, tolerance,
-                       int(mx.isnan(first).sum().item()), exact, caught=caught, dtype=dtype)  # type: ignore[arg-type]
+    exact = bool(mx.array_equal(first, base).item() and mx.array_equal(again, base).item()) if kernel.exact else None
+    unwritten = int(mx.isnan(first).sum().item())  # type: ignore[arg-type]
+    return KernelCheck(kernel.seam, rows, depth, _describe(args), error, stock_error, tolerance, unwritten, exact)
 
 
 def check(runner: Runner, kernel: Kernel, rows: Sequence[int], depths: Sequence[int]) -> list[KernelCheck]:
@@ -125,21 +125,12 @@ def _seconds(fn: Callable[..., mx.array], args: Inputs, chained: bool) -> float:
     return (time.perf_counter() - start) / CALLS
 
 
-def _work(args: Inputs, out: mx.array, seam: str) -> tuple[float, float]:
-    moved = sum(a.nbytes for a in args if isinstance(a, mx.array)) + out.nbytes
-    if seam.startswith("attn"):
-        q, k = args[0], args[1]
-        return moved, 4.0 * q.size * k.shape[2]
-    return moved, 0.0 if seam == "norm" else 2.0 * args[0].size * args[1].shape[0]
-
-
 def time_lanes(runner: Runner, kernel: Kernel, rows: int, depth: int) -> list[KernelTiming]:
     """Seconds per call of kernel and stock in each lane at (rows, depth), on the way the model calls it last
     (attn.decode: the compiled step's window)."""
     args = inputs(runner, kernel.seam, rows, depth, mx.random.key(7))[-1]
     stock = STOCK[kernel.seam]
-    out = kernel.fn(*args)
-    mx.eval(out, *[a for a in args if isinstance(a, mx.array)])
+    mx.eval(kernel.fn(*args), *[a for a in args if isinstance(a, mx.array)])
     timings = []
     for lane, chained in (("chained", True), ("queued", False)):
         samples: dict[str, list[float]] = {"kernel": [], "stock": []}
@@ -148,8 +139,6 @@ def time_lanes(runner: Runner, kernel: Kernel, rows: int, depth: int) -> list[Ke
                 seconds = _seconds(fn, args, chained)
                 if sample >= WARMUPS:
                     samples[name].append(seconds)
-        moved, flops = _work(args, out, kernel.seam)
         timings.append(KernelTiming(kernel.seam, rows, depth, lane, statistics.median(samples["kernel"]),
-                                    statistics.median(samples["stock"]), "mx.synchronize + perf_counter",
-                                    tuple(samples["kernel"]), tuple(samples["stock"]), moved, flops))
+                                    statistics.median(samples["stock"]), "mx.synchronize + perf_counter"))
     return timings
