@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kerneltriage.cli.common import add_model_arguments
+from kerneltriage.core import kernel_guards
 from kerneltriage.core.errors import InputError
 from kerneltriage.core.ledger import default_ledger_path
 
@@ -69,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from kerneltriage.triage import kernel_path
 
     config = run_config(args)
+    backend = get_backend(args.backend)  # the backend's clocks are sealed before the candidate's code first runs
     kernel = load_kernel(args.kernel)  # a bad reference is one line before any loading
     try:
         settings = kernel_path.KernelSettings(args.rows, args.depths, ab=ab.Settings(args.prompt, args.gen, args.pairs))
@@ -77,7 +79,6 @@ def run(args: argparse.Namespace) -> int:
     checkpoint = load_checkpoint(args.model)
     with Ledger(args.ledger) as ledger:
         runner = build_runner(checkpoint, args, config)
-        backend = get_backend(args.backend)
         if args.action == "check":
             report = kernel_path.check_kernel(backend, runner, args.kernel, settings)
         else:
@@ -91,23 +92,36 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(report: Any, output: str, experiment: int) -> str:
-    """The checks, the isolation timings and the verdict as text, or everything as JSON."""
+    """The checks, the isolation timings, labels and the verdict as text, or everything as JSON."""
     if output == "json":
         return json.dumps({"experiment_id": experiment, **report.summary()}, indent=2, default=str) + "\n"
     lines = [f"kernel {report.kernel} at seam {report.seam}"]
-    lines += [f"  check {c.rows:>4} rows depth {c.depth:>5} {c.shape}: error {c.error:.1e} (stock {c.stock_error:.1e},"
-              f" bound {c.tolerance:.1e}), unwritten {c.unwritten}" + ("" if c.exact is None else f", exact {c.exact}")
-              + ("" if c.passed else "  FAIL") for c in report.checks]
-    lines += [f"  isolation {t.lane:8s} {t.kernel_seconds * 1e6:9.2f} µs vs stock {t.stock_seconds * 1e6:9.2f} µs = "
-              f"{t.ratio:.2f}× ({t.timer})" for t in report.timings]
+    lines += [_check_line(c) for c in report.checks]
+    lines += [_timing_line(t) for t in report.timings]
     if report.shares:
         lines.append("  seam share: " + ", ".join(f"{p} {s:.1%}" for p, s in report.shares.items()))
     if report.ab is not None:
         lines += [f"  end to end {p.test.phase}: B/A {p.ratio.estimate:.3f} [{p.ratio.low:.3f}, {p.ratio.high:.3f}]"
                   f" (band ±{p.band:.3f}) {p.verdict.verdict}" for p in report.ab.phases]
+    lines += [f"  label {label}" for label in report.labels]
     if report.verdict is None:
         lines.append(f"check: {'passed' if report.passed else 'FAILED'} at {len(report.checks)} shapes (not timed)")
     else:
         lines.append(f"verdict: {report.verdict.verdict.upper()} — {report.verdict.reason}")
     lines.append(f"ledger experiment #{experiment}")
     return "\n".join(lines) + "\n"
+
+
+def _check_line(c: Any) -> str:
+    return (f"  check {c.rows:>4} rows depth {c.depth:>5} {c.shape}: error {c.error:.1e} (stock {c.stock_error:.1e}, "
+            f"bound {c.tolerance:.1e}), unwritten {c.unwritten}" + ("" if c.exact is None else f", exact {c.exact}")
+            + (f" [{c.trial}]" if c.trial == "unseen-shape" else "") + ("" if c.passed else "  FAIL"))
+
+
+def _timing_line(t: Any) -> str:
+    spread = ""
+    if t.kernel_samples:
+        low, high = kernel_guards.spread(t.kernel_samples)
+        spread = f" [IQR {low * 1e6:.2f}–{high * 1e6:.2f}]"
+    return (f"  isolation {t.lane:8s} {t.kernel_seconds * 1e6:9.2f} µs{spread} vs stock "
+            f"{t.stock_seconds * 1e6:9.2f} µs = {t.ratio:.2f}× (median of {len(t.kernel_samples)} samples, {t.timer})")

@@ -11,7 +11,9 @@ share s of the phase is so small that even deleting it (Amdahl: 1 / (1 − s)) s
 the CI lies entirely above the band; **neutral** — anything else (a CI touching the band proves nothing). A phase
 is *slower* when its point estimate lies below the band, whatever its CI.
 
-Overall, first match wins: **invalid** — outputs differ beyond tolerance, or a lever's counter stayed at zero;
+Overall, first match wins: **invalid** — the judge's seal is broken (a clock or numeric flag the measurement relies
+on was rebound since it was sealed, `core/integrity.py`: a kernel lever's code patching `time.perf_counter`), outputs
+differ beyond tolerance, or a lever's counter stayed at zero;
 **contended** — the machine was shared (load readings) or the A/A band is wider than NOISY_BAND: no verdict;
 **indicative** — fewer than MIN_PAIRS pairs: what the timing would say, never a win; **traded** — a win in one
 phase and another phase slower; **loss** — a loss in some phase; **win** — a win somewhere, no phase slower;
@@ -24,6 +26,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
+from kerneltriage.core import integrity
 from kerneltriage.core.environment import Snapshot
 from kerneltriage.core.measurement import CLOCK_DRIFT_RATIO, TEMPERATURE_DRIFT_C, TREND_RATIO
 from kerneltriage.core.stats import Interval
@@ -126,9 +129,12 @@ def overall_verdict(phases: Mapping[str, Verdict], outputs_match: bool, silent_l
                     outputs_detail: str = "", *, slower_phases: Sequence[str] = (), pairs: int = MIN_PAIRS,
                     contention: str | None = None) -> Verdict:
     """One verdict over all phases; `silent_levers` are levers whose execution counter stayed at zero,
-    `contention` a reason the machine was shared (None: quiet)."""
+    `contention` a reason the machine was shared (None: quiet). The judge's seal is read first (core.integrity)."""
     if not phases:
         raise ValueError("overall verdict: need at least one phase")
+    tampered = integrity.broken()
+    if tampered:
+        return Verdict("invalid", "judge-seal: " + "; ".join(tampered))
     if not outputs_match:
         return Verdict("invalid", f"outputs differ beyond tolerance: {outputs_detail}".rstrip(": "))
     if silent_levers:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from kerneltriage.core import integrity
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.levers import SEAMS
 
@@ -50,8 +51,10 @@ class Kernel:
 
 
 def load_kernel(ref: str) -> Kernel:
-    """The Kernel named by `FILE.py:NAME` or `pkg.module:NAME`; anything else is an InputError."""
+    """The Kernel named by `FILE.py:NAME` or `pkg.module:NAME`; anything else is an InputError. What its import
+    changed of the judge's clocks and flags shows in `core.integrity.broken()`."""
     where, _, name = ref.rpartition(":")
+    integrity.seal()  # the clocks and flags the judge relies on, recorded before any of the candidate's code runs
     try:
         if where.endswith(".py"):
             path = Path(where)

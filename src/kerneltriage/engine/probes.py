@@ -140,10 +140,14 @@ class KernelCheck:
     tolerance: float
     unwritten: int
     exact: bool | None = None  # claimed exact: equal to the stock op in the run dtype (None: not claimed)
+    trial: str = "fresh-inputs"  # the first trial failed (else the worst's): fresh-inputs, same-pointers, unseen-shape
+    caught: tuple[str, ...] = ()  # guards that fired at this shape, each "guard: what it saw"
+    labels: tuple[str, ...] = ()  # what was found that fails nothing (stock-call)
+    dtype: str = ""  # the run dtype the kernel was called in
 
     @property
     def passed(self) -> bool:
-        return self.unwritten == 0 and self.error <= self.tolerance and self.exact is not False
+        return self.unwritten == 0 and self.error <= self.tolerance and self.exact is not False and not self.caught
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"passed": self.passed}
@@ -152,15 +156,23 @@ class KernelCheck:
 @dataclass(frozen=True)
 class KernelTiming:
     """Seconds per call of a kernel and of the stock op at one shape, in one lane: "chained" (serial calls, each
-    waiting for the last, like a decode step; CUDA: replayed from a graph) or "queued" (many in flight)."""
+    waiting for the last, like a decode step; CUDA: replayed from a graph), "queued" (many in flight) or "cold" (the
+    first call at shapes never seen before)."""
 
     seam: str
     rows: int
     depth: int
     lane: str
-    kernel_seconds: float
+    kernel_seconds: float  # the median of kernel_samples
     stock_seconds: float
     timer: str
+    kernel_samples: tuple[float, ...] = ()  # raw seconds per call, one per sample
+    stock_samples: tuple[float, ...] = ()
+    bytes_moved: float = 0.0  # what one call must read and write (inputs and output)
+    flops: float = 0.0  # what one call must compute
+    flushed: bool = False  # inputs rotated beyond the caches, the L2 flushed before each sample: a roofline applies
+    caught: tuple[str, ...] = ()  # timing guards that fired, each "guard: what it saw"
+    labels: tuple[str, ...] = ()  # what was found that fails nothing (bimodal)
 
     @property
     def ratio(self) -> float:

@@ -33,6 +33,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> torch.Te
 
 STOCK: dict[str, Callable[..., torch.Tensor]] = {"norm": norm, "gate_up": gate_up, "attn.decode": attention,
                                                   "attn.prefill": attention, "lm_head": linear, "linear.gemv": linear}
+MATMUL = frozenset({"linear", "matmul", "mm", "addmm", "bmm", "baddbmm", "einsum"})
+# The library call each stock op is made of (torch functions, by name): a candidate that calls one of them is calling
+# the stock op (`stock-call`), whatever it wraps around it.
+STOCK_CORE: dict[str, frozenset[str]] = {"norm": frozenset({"rms_norm"}), "gate_up": MATMUL,
+                                         "attn.decode": frozenset({"scaled_dot_product_attention"}),
+                                         "attn.prefill": frozenset({"scaled_dot_product_attention"}),
+                                         "lm_head": MATMUL, "linear.gemv": MATMUL}
+# Which inputs at each seam are activations (fresh every call in the model); the others are the model's weights.
+ACTIVATIONS: dict[str, tuple[int, ...]] = {"norm": (0,), "gate_up": (0,), "attn.decode": (0, 1, 2),
+                                           "attn.prefill": (0, 1, 2), "lm_head": (0,), "linear.gemv": (0,)}
 
 
 def _randn(gen: torch.Generator, like: torch.Tensor, *shape: int) -> torch.Tensor:
@@ -77,3 +87,53 @@ def output(seam: str, args: Inputs, poison: bool = True) -> torch.Tensor:
     if not poison:
         return torch.empty_like(like)
     return torch.full_like(like, float("nan") if like.dtype.is_floating_point else torch.iinfo(like.dtype).max)
+
+
+def refill(seam: str, args: Inputs, gen: torch.Generator) -> Inputs:
+    """New random values written into `args`' activations in place: same pointers, new contents."""
+    for i in ACTIVATIONS[seam]:
+        args[i].copy_(torch.randn(args[i].shape, generator=gen, device=args[i].device))
+    return args
+
+
+def work(seam: str, args: Inputs, out: torch.Tensor) -> tuple[float, float]:
+    """(bytes one call must read and write, FLOPs it must compute): every input and the output once; 2 per
+    multiply-add of the products (attention: QKᵀ and PV over every key)."""
+    moved = sum(a.nbytes for a in args if torch.is_tensor(a)) + out.nbytes
+    if seam in ("attn.decode", "attn.prefill"):
+        q, k = args[0], args[1]
+        return moved, 4.0 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3]
+    if seam == "norm":
+        return moved, 0.0
+    rows = args[0].shape[:-1].numel()
+    weights = sum(a.shape[0] * a.shape[1] for a in args[1:] if torch.is_tensor(a))
+    return moved, 2.0 * rows * weights
+
+
+FACTOR, FLOORS = 1.5, {torch.float32: 1e-5}  # a kernel's error ≤ max(1.5 × stock's own error, floor of the dtype)
+DEFAULT_FLOOR = 1e-3
+
+
+def floor(dtype: torch.dtype) -> float:
+    """The error no kernel is asked to beat in `dtype`."""
+    return FLOORS.get(dtype, DEFAULT_FLOOR)
+
+
+def relative(out: torch.Tensor | None, reference: torch.Tensor) -> float:
+    """max |out − reference| / max |reference| (an unwritten NaN, or no output at all, is infinitely far)."""
+    if out is None:
+        return float("inf")
+    return ((out.float() - reference).abs().nan_to_num(float("inf")).max()
+            / reference.abs().max().clamp_min(1e-30)).item()
+
+
+def upcast(args: Inputs) -> Inputs:
+    return tuple(a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+
+
+def error_and_bound(seam: str, args: Inputs, out: torch.Tensor) -> tuple[float, float]:
+    """`out`'s error against the stock op in float32 on `args`, and the bound it is held to."""
+    stock = STOCK[seam]
+    reference = stock(*upcast(args), out=output(seam, upcast(args)))
+    base = stock(*args, out=output(seam, args))
+    return relative(out, reference), max(FACTOR * relative(base, reference), floor(out.dtype))

@@ -8,6 +8,19 @@ import time
 
 import torch
 
+from kerneltriage.core import integrity
+
+# What a torch measurement relies on: the clocks and synchronizations it calls, and the flags that set how float32
+# is computed (a candidate turning TF32 on makes the float32 reference as coarse as itself). Sealed at import.
+SEALED = ("torch.cuda.synchronize", "torch.cuda.current_stream", "torch.cuda.Event.record",
+          "torch.cuda.Event.synchronize", "torch.cuda.Event.elapsed_time", "torch.cuda.Event.query",
+          "torch.cuda.Stream.synchronize", "torch.cuda.Stream.wait_stream", "torch.cuda.CUDAGraph.replay",
+          "torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allow_tf32",
+          "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+          "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
+          "torch.get_float32_matmul_precision()", "torch.get_default_dtype()")
+integrity.watch(SEALED)
+
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
