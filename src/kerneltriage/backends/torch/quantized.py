@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -86,8 +85,9 @@ class QuantLinear(nn.Module):
 
 class Int4Linear(QuantLinear):
     """The CPU's. A bf16 model holds the blocks repacked for torch's int4 CPU matmul (decode, verify and prompts up to
-    INT4_ROWS rows) and dequantizes longer prompts from the checkpoint's mapped blocks; a float32 or fp16 one holds
-    the blocks as stored and dequantizes them for every call (the int4 kernel is scalar code in those dtypes)."""
+    INT4_ROWS rows) and dequantizes longer prompts from the checkpoint's mapped blocks. A float32 or fp16 one holds
+    the weight dequantized, as stock does: the int4 kernel is scalar code in those dtypes, so the lever gains nothing
+    there; it runs for ab's float32 rebuild of a bf16 configuration (stock's values and arithmetic exactly)."""
 
     def __init__(self, runner: Runner, raw: RawTensor, bias: nn.Parameter | None) -> None:
         nn.Module.__init__(self)
@@ -98,10 +98,9 @@ class Int4Linear(QuantLinear):
             weight = pack(raw)
             self.register_buffer("packed", weight.packed, persistent=False)
             self.register_buffer("scale_zeros", weight.scale_zeros, persistent=False)
-            self.raw = raw  # the file's mapped bytes, as a stock model's checkpoint keeps them
-        else:
-            self.register_buffer("blocks", torch.from_numpy(np.array(raw.data)), persistent=False)  # (N, bytes/row)
-            self.raw = RawTensor(raw.qtype, raw.shape, self.blocks.numpy())  # (the same memory)
+        self.raw = raw  # the file's mapped bytes, as a stock model's checkpoint keeps them
+        if not self.int4:
+            self.register_buffer("dequantized", self.stock_weight(), persistent=False)  # (N, K)
         self._count = lambda: counting.ran(runner, LEVER)
 
     @property
@@ -116,7 +115,9 @@ class Int4Linear(QuantLinear):
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        if self.int4 and x.dtype == COMPUTE and rows.shape[0] <= INT4_ROWS:
+        if not self.int4:
+            y = F.linear(rows, self.dequantized)
+        elif rows.shape[0] <= INT4_ROWS:
             y = int4_product(rows, Int4Weight(self.packed, self.scale_zeros, (self.out_features, self.in_features)))
         else:
             y = F.linear(rows, self.stock_weight(x.dtype))
