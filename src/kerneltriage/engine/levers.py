@@ -110,8 +110,9 @@ TABLE: tuple[Lever, ...] = (
     # quantized: the same values as the dequantized stock weights (scale·q + bias rounds once, as llama.cpp's
     # dequantization does), summed in another order: it reorders, it does not approximate (backends/mlx/quant.py)
     Lever("quantized", "delete", "model", "GGUF Q4_0/Q4_1/Q8_0 weights kept as their blocks (MLX: "
-          "mx.quantized_matmul; torch: a Triton GEMV for ≤ 8 rows on CUDA, the layers' projections only): 4.5-8.5 "
-          "bits read per weight instead of the dequantized 16-32", numerics="reorders",
+          "mx.quantized_matmul; torch: a Triton GEMV for ≤ 16 rows on CUDA, the layers' projections; on the CPU "
+          "torch's int4 matmul for a bf16 model, the output projection too): 4.5-8.5 bits read per weight instead "
+          "of the dequantized 16-32", numerics="reorders",
           seams=("qkv", "o_proj", "gate_up", "down", "lm_head"), backends=BOTH, devices=DEVICES,
           clashes=(Clash(("packed_qkv", "packed_gate_up", "fused_layer", "kernel"),
                          "they read the dequantized weights it drops", ("torch",)),
