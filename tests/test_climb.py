@@ -128,3 +128,12 @@ def test_speculation_is_a_candidate_with_prompts_and_is_tried_after_the_levers()
     assert texts[-2:] == ["spec=ngram", "spec=suffix"] and all(not t.startswith("spec=") for t in texts[:-2])
     assert found[-1].config.speculation.source == "suffix" and found[-1].config.levers == ()
     assert not any(c.text.startswith("spec=") for c in candidates(RunConfig(), Place("torch", "cuda", "llama"), {})[0])
+
+
+def test_a_choice_a_backend_does_not_take_is_refused_by_the_table() -> None:
+    from kerneltriage.engine.levers import Place, parse_setting, refusal
+
+    autotune = parse_setting("compile=max-autotune-no-cudagraphs")
+    assert refusal(autotune, (), Place("mlx", "cpu", "llama")) == "takes compile=default on mlx"
+    assert refusal(parse_setting("compile=default"), (), Place("mlx", "cpu", "llama")) is None
+    assert refusal(autotune, (), Place("torch", "cpu", "llama")) is None

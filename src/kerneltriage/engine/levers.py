@@ -69,6 +69,7 @@ class Lever:
     warmup: tuple[tuple[str, float], ...] = ()  # (backend, seconds before its first timed run: compilation)
     gated: bool = False  # it routes attention to another path: worth trying only where the gate audit finds one
     needs_constraint: bool = False  # it acts only on a constrained workload (--choices/--regex/--json-schema)
+    only: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (backend, the choices it takes) where it takes fewer
 
     def __post_init__(self) -> None:
         for field, value, allowed in (("question", self.question, QUESTIONS), ("stage", self.stage, STAGES),
@@ -156,6 +157,7 @@ TABLE: tuple[Lever, ...] = (
     Lever("compile", "dispatch", "step", "decode step (and verify) through torch.compile, or mx.compile on a static "
           "cache (MLX: default only)", phases=("decode",), numerics="reorders",
           choices=("default", "max-autotune-no-cudagraphs"), backends=BOTH, devices=DEVICES,
+          only=(("mlx", ("default",)),),  # mx.compile has no modes
           warmup=(("torch", 60.0),)),  # inductor: 40-80 s per compilation of the default model on the H200
     Lever("compile_prefill", "dispatch", "step", "the prefill step through torch.compile, the prompt length "
           "dynamic: one compilation for every length, one call instead of an eager launch per op",
@@ -220,6 +222,9 @@ def refusal(setting: "LeverSetting", on: tuple["LeverSetting", ...], place: Plac
     missing = [seam for seam in lever.seams if seam not in place.seams]
     if missing:
         return f"replaces the {', '.join(missing)} seam, which a {place.arch} model does not have"
+    taken = dict(lever.only).get(place.backend)
+    if taken is not None and setting.value not in taken:
+        return f"takes {' or '.join(f'{lever.name}={choice}' for choice in taken)} on {place.backend}"
     if lever.needs_constraint and not place.constrained:
         return "acts only under a constraint (--choices, --regex or --json-schema)"
     if lever.architectures and place.arch not in lever.architectures:
