@@ -70,6 +70,8 @@ def test_a_bf16_model_reads_its_blocks_and_passes_abs_logit_checks() -> None:
     judged = equivalence.judge_logits(BACKEND, a, b, prompts, 5, True, fed)
     assert judged["semantic_error"] < equivalence.LOGIT_RTOL, judged  # in float32: stock's values and arithmetic
     assert judged["logit_error"] <= judged["tolerance"], judged  # bf16: no further from float32 than 1.5 × A
+    for seam, (error, _, bound) in equivalence.seam_checks(BACKEND, b).items():  # per op, against exact float32
+        assert error <= bound, (seam, error, bound)
     # prompt (16 rows: the int4 kernel) + 5 forced rows, 2 layers × 7 projections + the head each forward
     assert b.counters["quantized"] > 0
     exact = stock_copy(b.model, torch.float32)  # ab's float32 reference holds the blocks' exact values
