@@ -180,3 +180,13 @@ def test_vocab_compact_under_real_cuda_graphs_keeps_the_graphed_steps_tokens() -
         runs[levers] = (list(generate_step(runner, PROMPT, GREEDY, 40)), runner.counters)
     (plain, _), (compact, counters) = runs.values()
     assert compact == plain and counters["vocab_compact"] == counters["graphs"] == len(plain) - 1
+
+
+def test_abs_digests_of_a_constrained_workload_are_the_constrained_outputs() -> None:
+    from kerneltriage.bench.outputs import digests
+
+    checkpoint = constrained(Constraint("regex", r"[a-c]{2}-\d{3}"))
+    a, b = (BACKEND.build(checkpoint, RunConfig.from_flags(levers), "cpu", "float32")
+            for levers in ("", "vocab_compact"))
+    (digest_a, ids_a), (digest_b, ids_b) = digests(a, b, [PROMPT], 12, None)
+    assert digest_a == digest_b and checkpoint.grammar.constraint.matches(text_of(checkpoint, ids_a[0]))

@@ -70,8 +70,10 @@ def digests(a: Runner, b: Runner, prompts: Sequence[Sequence[int]], count: int, 
              ) -> tuple[tuple[str, list[list[int]]], tuple[str, list[list[int]]]]:
     """Both sides' digests. Where A is stock and B computes another arithmetic (the logits decide, not the tokens),
     A's greedy continuation is verified over B's tokens in causal forwards (`verified_greedy`) instead of being
-    decoded a token at a time: a climb's stock start is eager, and 300 eager steps cost seconds."""
-    if a.run_config.levers or a.speculation is not None or not b.run_config.changes_numerics:
+    decoded a token at a time: a climb's stock start is eager, and 300 eager steps cost seconds. Not under a constraint:
+    the forced rows' argmax is unconstrained, where the token loop samples through the constraint's mask."""
+    if a.run_config.levers or a.speculation is not None or not b.run_config.changes_numerics \
+            or a.checkpoint.grammar is not None:
         return token_digest(a, prompts, count, kept), token_digest(b, prompts, count, kept)
     theirs = token_digest(b, prompts, count, kept)
 
