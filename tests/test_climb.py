@@ -22,8 +22,9 @@ CEILINGS = Ceilings(1e11, 1e12, "measured", "fake", "float32")
 
 
 def climb(effects: dict[str, Effect], only: set[str], favor: str = "balanced", seed: int = 0,
-          noise: float = 0.02) -> tuple[Ladder, FakeBackend]:
-    """A climb from stock over the levers `only` (the table's rows for torch on CUDA), on a fake GPU."""
+          noise: float = 0.02, spent_after: int | None = None) -> tuple[Ladder, FakeBackend]:
+    """A climb from stock over the levers `only` (the table's rows for torch on CUDA), on a fake GPU; with
+    `spent_after`, its budget runs out once that many candidates have been judged."""
     backend = FakeBackend(effects, noise=noise, seed=seed, device="cuda", backend_name="torch")
     root = backend.build(fake_checkpoint(), RunConfig())
     trials = Trials(backend, root, WORKLOAD, BUDGET, CEILINGS)
@@ -32,7 +33,17 @@ def climb(effects: dict[str, Effect], only: set[str], favor: str = "balanced", s
         found, refused = candidates(config, root.place, breakdowns, reference=start)
         return [c for c in found if c.text in only], [r for r in refused if r.text in only]
 
-    ladder, final = Climb(trials, propose, favor).run(root.run_config)
+    seconds = 1e9
+    if spent_after is not None:
+        judge, judged = trials.judge, []
+
+        def counted(base, candidate):  # noqa: ANN001, ANN202
+            judged.append(candidate.text)
+            return judge(base, candidate)
+
+        trials.judge = counted  # type: ignore[method-assign]
+        trials.elapsed = lambda: 2e9 if len(judged) >= spent_after else 0.0  # type: ignore[method-assign]
+    ladder, final = Climb(trials, propose, favor, seconds).run(root.run_config)
     trials.release(final)
     return ladder, backend
 
@@ -75,6 +86,16 @@ def test_a_traded_lever_follows_favor(favor: str, taken: bool) -> None:
     trial = ladder.trials[0]
     assert trial.result.verdict == "traded"
     assert (adopted(ladder) == ["prefill_graphs"]) == taken
+
+
+def test_the_best_winner_judged_is_adopted_when_the_budget_runs_out_in_its_round() -> None:
+    """Two winners judged, then the budget is spent: the larger is adopted (its own A/B judged it), the other is not
+    (it would need a confirmation on top of the first), and the stop says why."""
+    effects = {"packed_qkv": Effect(prefill=0.9), "packed_gate_up": Effect(prefill=0.8)}
+    ladder, _ = climb(effects, {"packed_qkv", "packed_gate_up"}, spent_after=2)
+    assert {t.candidate.text for t in ladder.trials if t.result.verdict == "win"} == {"packed_qkv", "packed_gate_up"}
+    assert adopted(ladder) == ["packed_gate_up"]
+    assert ladder.stop.startswith("budget spent") and ladder.final.lever_names == ("packed_gate_up",)
 
 
 def test_a_lever_whose_requirement_is_missing_is_never_tried() -> None:

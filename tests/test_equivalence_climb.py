@@ -61,3 +61,19 @@ def test_release_frees_a_copys_weights_while_it_is_still_referred_to() -> None:
     BACKEND.release(copy)
     assert all(p.numel() == 0 for p in copy.model.parameters())
     assert all(p.numel() > 0 for p in base.model.parameters())  # the base's own weights untouched
+
+
+def test_a_climb_upcasts_stock_once_and_each_winner_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In bf16 every check needs stock's float32 rows: kept between checks of copies holding the stock values (an
+    8B's float32 copy is 32 GB), rebuilt where a lever holds values of its own (quantized's blocks)."""
+    base, kept = tiny_runner("llama", dtype="bfloat16"), outputs.Outputs()
+    built: list[str] = []
+    real = BACKEND.float32_reference
+    monkeypatch.setattr(BACKEND, "float32_reference",
+                        lambda runner, config=None: built.append(config.text if config else "stock")
+                        or real(runner, config))
+    for flags in ("packed_qkv", "fused_norm"):
+        checked = equivalence.check_outputs(BACKEND, base, BACKEND.copy(base, RunConfig.from_flags(flags)), kept)
+        assert checked.passed and checked.reference == "float32" and checked.semantic_error is not None
+    assert built == ["stock", "levers=packed_qkv", "levers=fused_norm"]  # stock once, then only each winner's configuration
+    assert RunConfig.from_flags("packed_qkv").stock_values and not RunConfig.from_flags("quantized").stock_values

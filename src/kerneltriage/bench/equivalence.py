@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from kerneltriage.bench.outputs import Outputs, digests, forced_rows
+from kerneltriage.bench.outputs import Outputs, digests, forced_rows, frozen
 from kerneltriage.bench.workloads import WORKLOAD_SEED, token_stream
 from kerneltriage.engine.backend import Backend, Runner
 from kerneltriage.engine.configuration import RunConfig
@@ -165,15 +165,11 @@ def judge_logits(backend: Backend, a: Runner, b: Runner, prompts: Sequence[Seque
         ref = forced_rows(a, prompts, count, fed, kept)[0]
         error = relative_error(forced_rows(b, prompts, count, fed, kept)[0], ref)
         return {"logit_error": error, "tolerance": LOGIT_RTOL if allow else None}
-    reference = backend.float32_reference(a)  # one float32 model at a time: an 8B one is 32 GB
-    try:
-        ref = forced_rows(reference, prompts, count, fed)[0]
-    finally:
-        backend.release(reference)
+    ref = _float32_rows(backend, a, None, prompts, count, fed, kept)  # an 8B one is 32 GB: one at a time
     error_a, error_b = (relative_error(forced_rows(r, prompts, count, fed, kept)[0], ref) for r in (a, b))
     # B's levers in float32 against stock float32 on B's own weights: where B holds other values than A (quantized
     # keeps the exact block values, A their bf16 roundings), A's reference would charge that rounding to the lever
-    semantic_error = relative_error(*(_float32_rows(backend, b, config, prompts, count, fed)
+    semantic_error = relative_error(*(_float32_rows(backend, b, config, prompts, count, fed, kept)
                                       for config in (b.run_config, None))) if semantic else None
     tolerance = max(REFERENCE_FACTOR * error_a, LOGIT_FLOOR) if allow else None
     return {"logit_error": error_b, "tolerance": tolerance, "reference": "float32", "error_a": error_a,
@@ -181,13 +177,19 @@ def judge_logits(backend: Backend, a: Runner, b: Runner, prompts: Sequence[Seque
 
 
 def _float32_rows(backend: Backend, runner: Runner, config: RunConfig | None, prompts: Sequence[Sequence[int]],
-                  count: int, fed: Sequence[Sequence[int]]) -> np.ndarray:
-    """Forced logits of `runner`'s weights in float32 with `config`'s levers (None: stock), the model released after."""
-    rebuilt = backend.float32_reference(runner, config)
-    try:
-        return forced_rows(rebuilt, prompts, count, fed)[0]
-    finally:
-        backend.release(rebuilt)
+                  count: int, fed: Sequence[Sequence[int]], kept: Outputs | None = None) -> np.ndarray:
+    """Forced logits of `runner`'s weights in float32 with `config`'s levers (None: stock), the model released after;
+    stock's kept in `kept` for the next check on the same weights (a climb checks every winner against them)."""
+    def make() -> np.ndarray:
+        rebuilt = backend.float32_reference(runner, config)
+        try:
+            return forced_rows(rebuilt, prompts, count, fed)[0]
+        finally:
+            backend.release(rebuilt)
+
+    if kept is None or config is not None:
+        return make()
+    return kept.reference(runner, ("forced", frozen(prompts), count, frozen(fed)), make)
 
 
 def seam_checks(backend: Backend, b: Runner) -> dict[str, tuple[float, float, float]]:

@@ -21,8 +21,9 @@ T = TypeVar("T")
 class Outputs:
     """A runner's outputs already computed in this process — its greedy digest and its teacher-forced rows — kept for
     the next check against the same runner (triage's climb checks each winner against one base). They are a
-    deterministic function of the weights, the configuration, the dtype and the tokens, which the key names; a
-    float32 reference built for one check is never kept (its weights are whichever runner it upcast)."""
+    deterministic function of the weights, the configuration, the dtype and the tokens, which the key names. A
+    float32 reference's rows are kept by the checkpoint they upcast and the dtype they were upcast from, and only for
+    a runner holding the stock copy's values (every stock copy of one checkpoint then upcasts to the same model)."""
 
     def __init__(self) -> None:
         self.kept: dict[tuple, object] = {}
@@ -33,8 +34,18 @@ class Outputs:
             self.kept[key] = make()
         return self.kept[key]  # type: ignore[return-value]
 
+    def reference(self, runner: Runner, what: tuple, make: Callable[[], T]) -> T:
+        """Rows of `runner`'s weights upcast to float32 under stock levers (`make` builds them), kept for any runner
+        of the same checkpoint and dtype whose weights hold the stock values."""
+        if not runner.run_config.stock_values:
+            return make()
+        key = (id(runner.checkpoint), "float32-stock", runner.dtype, *what)
+        if key not in self.kept:
+            self.kept[key] = make()
+        return self.kept[key]  # type: ignore[return-value]
 
-def _frozen(rows: Sequence[Sequence[int]]) -> tuple:
+
+def frozen(rows: Sequence[Sequence[int]]) -> tuple:
     return tuple(tuple(r) for r in rows)
 
 
@@ -46,7 +57,7 @@ def token_digest(runner: Runner, prompts: Sequence[Sequence[int]], tokens: int, 
         ids = [list(generate_step(runner, prompt, GREEDY, tokens)) for prompt in prompts]
         return hashlib.sha256(json.dumps(ids).encode()).hexdigest(), ids
 
-    return make() if kept is None else kept.get(runner, ("digest", _frozen(prompts), tokens), make)
+    return make() if kept is None else kept.get(runner, ("digest", frozen(prompts), tokens), make)
 
 
 def forced_rows(runner: Runner, prompts: Sequence[Sequence[int]], count: int,
@@ -63,7 +74,7 @@ def forced_rows(runner: Runner, prompts: Sequence[Sequence[int]], count: int,
 
     if kept is None:
         return make()
-    return kept.get(runner, ("forced", _frozen(prompts), count, None if fed is None else _frozen(fed)), make)
+    return kept.get(runner, ("forced", frozen(prompts), count, None if fed is None else frozen(fed)), make)
 
 
 def digests(a: Runner, b: Runner, prompts: Sequence[Sequence[int]], count: int, kept: Outputs | None
@@ -81,7 +92,7 @@ def digests(a: Runner, b: Runner, prompts: Sequence[Sequence[int]], count: int, 
         ids = [verified_greedy(a, prompt, count, draft) for prompt, draft in zip(prompts, theirs[1])]
         return hashlib.sha256(json.dumps(ids).encode()).hexdigest(), ids
 
-    ours = make() if kept is None else kept.get(a, ("verified", _frozen(prompts), count), make)
+    ours = make() if kept is None else kept.get(a, ("verified", frozen(prompts), count), make)
     return ours, theirs
 
 

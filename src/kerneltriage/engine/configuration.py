@@ -50,6 +50,11 @@ class RunConfig:
         return changes_numerics(self.levers) or self.speculation is not None
 
     @property
+    def stock_values(self) -> bool:
+        """Its weights hold the stock copy's values (no lever keeps values of its own, as quantized's blocks do)."""
+        return not any(s.lever.own_values for s in self.levers)
+
+    @property
     def numeric_seams(self) -> tuple[str, ...]:
         """The seams whose op a lever of this configuration computes with another arithmetic than stock (what a
         backend's per-seam error check measures), each once, in composition order."""

@@ -70,6 +70,7 @@ class Lever:
     gated: bool = False  # it routes attention to another path: worth trying only where the gate audit finds one
     needs_constraint: bool = False  # it acts only on a constrained workload (--choices/--regex/--json-schema)
     only: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (backend, the choices it takes) where it takes fewer
+    own_values: bool = False  # it holds other weight values than the stock copy (quantized: the blocks' exact ones)
 
     def __post_init__(self) -> None:
         for field, value, allowed in (("question", self.question, QUESTIONS), ("stage", self.stage, STAGES),
@@ -117,7 +118,7 @@ TABLE: tuple[Lever, ...] = (
           seams=("qkv", "o_proj", "gate_up", "down", "lm_head"), backends=BOTH, devices=DEVICES,
           clashes=(Clash(("packed_qkv", "packed_gate_up", "fused_layer", "kernel"),
                          "they read the dequantized weights it drops", ("torch",)),
-                   Clash(("compile",), "compile would trace its Triton GEMV", ("torch",)))),
+                   Clash(("compile",), "compile would trace its Triton GEMV", ("torch",))), own_values=True),
     Lever("packed_qkv", "dispatch", "model", "q, k and v from one matmul instead of three", numerics="reorders",
           seams=("qkv",), backends=BOTH, devices=DEVICES),
     Lever("packed_gate_up", "dispatch", "model", "gate and up from one matmul instead of two", numerics="reorders",

@@ -12,7 +12,8 @@ phase; a `traded` lever only where the favoured side gains). The first is adopte
 must win again on top of what was adopted before it (a combination is confirmed, never assumed). Where no candidate
 wins alone, the round's neutral candidates that leaned the right way (no phase slower, some phase faster) are tried
 together once: small gains inside the noise one by one can clear it as a bundle. The next round measures the new
-configuration and asks again; the climb stops when a round adopts nothing, or the budget is spent (it says which).
+configuration and asks again; the climb stops when a round adopts nothing, or the budget is spent (it says which):
+a round's best winner, judged already, is adopted even where the budget ran out during its round.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ class Climb:
                          key=lambda t: -(self._gain(t, base) or 0.0))
         adopted = False
         for index, trial in enumerate(winners):
-            if self.spent:
+            if index and self.spent:  # the best is judged already: adopting it measures the base, no new A/B
                 ladder.stop = f"budget spent ({self.seconds:.0f} s) in round {number}"
                 break
             if index:  # on top of what this round adopted already: it must win again there
