@@ -19,7 +19,9 @@ arithmetic may differ, per-op checks at the model's real shapes, and the timed r
 - Per-op checks: each seam a reordering lever replaces, against the stock op in float32 (backend.seam_errors),
   by the same factor.
 - A lever that approximates (numerics "approximates" in the lever table) is not held to any of that: it is judged
-  by the quality metric it declares (engine/quality.py), on teacher-forced logits against A.
+  by the quality metrics it declares (engine/quality.py) against A, on real text (the passage every backend's
+  sparsity probe reads): teacher-forced logits over it, and a GREEDY_TOKENS greedy continuation of it; in `ab`, also
+  on the timed runs' own tokens at the run's depth.
 """
 
 from __future__ import annotations
@@ -34,7 +36,10 @@ from kerneltriage.bench.workloads import WORKLOAD_SEED, token_stream
 from kerneltriage.engine.backend import Backend, Runner
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.levers import LeverSetting
-from kerneltriage.engine.quality import Quality
+from kerneltriage.bench.harness import GREEDY
+from kerneltriage.engine.generation import generate_step
+from kerneltriage.engine.quality import GREEDY_TOKENS, Compared, Quality
+from kerneltriage.engine.sparsity import passage_tokens
 
 DIGEST_PROMPTS = 2  # greedy digests: this many random prompts …
 DIGEST_PROMPT_TOKENS = 16  # … of this many tokens …
@@ -111,7 +116,7 @@ class Correctness:
             failed = self.seam_failures
             parts.append("per-op " + ("FAILED: " + "; ".join(failed) if failed else f"ok ({', '.join(self.seams)})"))
         if self.quality:
-            parts = [parts[0].replace(" (equal digests required)", ""),
+            parts = [f"greedy continuations of the passage {same} over {self.tokens} tokens",
                      "declared quality " + ", ".join(f"{name} = {value:.4g} ({'holds' if holds else 'FAILS'})"
                                                      for name, (value, holds) in self.quality.items())]
         if self.timed is not None:
@@ -199,25 +204,60 @@ def seam_checks(backend: Backend, b: Runner) -> dict[str, tuple[float, float, fl
             for seam, (error_b, error_a) in backend.seam_errors(b).items()}
 
 
+def declared_quality(runner: Runner) -> list[Quality]:
+    """The metrics the runner's approximating levers declare (a lever declares them exactly when it approximates:
+    levers.Lever checks it), each once."""
+    texts = [s.lever.quality for s in runner.run_config.levers if s.lever.quality is not None]
+    found = {q.text: q for text in texts for q in Quality.parse_all(text)}
+    return list(found.values())
+
+
+def _targets(fed: Sequence[Sequence[int]], count: int) -> np.ndarray:
+    """(prompts × count,) the token fed after each teacher-forced row; -1 after a prompt's last row."""
+    return np.concatenate([np.array(list(tokens)[: count - 1] + [-1] * (count - min(len(tokens), count - 1)))
+                           for tokens in fed])
+
+
 def judge_quality(a: Runner, b: Runner, prompts: Sequence[Sequence[int]], count: int,
-                  fed: Sequence[Sequence[int]]) -> dict[str, tuple[float, bool]]:
-    """Each approximating lever's declared metric of B's teacher-forced logits against A's."""
-    # a lever declares a quality metric exactly when it approximates (levers.Lever checks it)
-    declared = [Quality.parse(s.lever.quality) for s in b.run_config.levers if s.lever.quality is not None]
+                  fed: Sequence[Sequence[int]], greedy: tuple[Sequence[int], Sequence[int]] | None = None
+                  ) -> dict[str, tuple[float, bool]]:
+    """Each approximating lever's declared metrics: B's teacher-forced logits against A's on the tokens `fed`, and
+    `greedy`, the two sides' free-running continuations (None: GREEDY_TOKENS of each after the first prompt)."""
+    declared = declared_quality(b)
     if not declared:
         return {}
-    ref, rows = forced_rows(a, prompts, count, fed)[0], forced_rows(b, prompts, count, fed)[0]
-    return {q.text: (value, q.holds(value)) for q in declared for value in [q.measure(ref, rows)]}
+    (ref, given), (rows, _) = forced_rows(a, prompts, count, fed), forced_rows(b, prompts, count, fed)
+    if greedy is None and any(q.free_running for q in declared):
+        greedy = greedy_runs(a, b, prompts[0])
+    seen = Compared(ref, rows, _targets(given, count), greedy)
+    return {q.text: (value, q.holds(value)) for q in declared for value in [q.measure(seen)]}
+
+
+def greedy_runs(a: Runner, b: Runner, prompt: Sequence[int]) -> tuple[list[int], list[int]]:
+    """GREEDY_TOKENS greedy tokens of each side after `prompt` (as many as the context allows)."""
+    count = min(GREEDY_TOKENS, a.config.max_context - len(prompt) - 1)
+    return tuple(list(generate_step(r, prompt, GREEDY, count)) for r in (a, b))  # type: ignore[return-value]
+
+
+def quality_outputs(a: Runner, b: Runner, kept: Outputs | None = None) -> Correctness:
+    """An approximating B, judged on real text: its declared metrics teacher-forced over the whole passage
+    (engine/passage.py: the fixed text every backend reads) against A's, and the greedy continuation of the passage
+    (GREEDY_TOKENS) — which is also the digest. Real text, because what such a lever drops depends on what the
+    model attends to (a real model's attention on random tokens is not its attention on text)."""
+    text = passage_tokens(a)[: a.config.max_context // 2]  # half the context: room for the continuation
+    count = min(GREEDY_TOKENS, a.config.max_context - len(text) - 1)
+    (digest_a, tokens_a), (digest_b, tokens_b) = digests(a, b, [text], count, kept)
+    quality = judge_quality(a, b, [text[:1]], len(text), [text[1:]], (tokens_a[0], tokens_b[0]))
+    return Correctness(digest_a, digest_b, count, quality=quality)
 
 
 def check_outputs(backend: Backend, a: Runner, b: Runner, kept: Outputs | None = None) -> Correctness:
     """Correctness before speed: digests, then logits where they may differ (or do), then the per-op checks — or,
     for a lever that approximates, its declared quality metric. `kept`: outputs computed by earlier checks, reused."""
+    if declared_quality(b):
+        return quality_outputs(a, b, kept)
     prompts, count = digest_prompts(a, b)
     (digest_a, tokens_a), (digest_b, _) = digests(a, b, prompts, count, kept)
-    quality = judge_quality(a, b, prompts, count, tokens_a)
-    if quality:
-        return Correctness(digest_a, digest_b, count, quality=quality)
     seams = seam_checks(backend, b)
     # Equal tokens settle it where neither side computes another arithmetic, or where what B changes against A is
     # exact (a graphed base plus a loop lever: the same kernels); elsewhere the logits must show it stays close
@@ -247,7 +287,7 @@ def check_timed(backend: Backend, a: Runner, b: Runner, prefix: Sequence[int], t
     where = f"the timed runs' tokens differ from position {first} of {len(tokens_a)}"
     if not tolerant(a, b):
         return where
-    quality = judge_quality(a, b, [list(prefix)], len(tokens_a), [list(tokens_a)])
+    quality = judge_quality(a, b, [list(prefix)], len(tokens_a), [list(tokens_a)], (tokens_a, tokens_b))
     if quality:
         failed = [f"{name} = {value:.4g}" for name, (value, holds) in quality.items() if not holds]
         return f"{where}, declared quality fails: {', '.join(failed)}" if failed else None

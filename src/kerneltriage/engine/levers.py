@@ -82,7 +82,7 @@ class Lever:
         if (self.numerics == "approximates") != (self.quality is not None):
             raise ValueError(f"lever {self.name}: a quality metric is declared exactly when it approximates")
         if self.quality is not None:
-            Quality.parse(self.quality)  # top1>=FRACTION or kl<=NATS
+            Quality.parse_all(self.quality)  # engine/quality.py: top1>=FRACTION, kl<=NATS, …
         if any(backend not in self.backends or seconds < 0 for backend, seconds in self.warmup):
             raise ValueError(f"lever {self.name}: warm-up {self.warmup}: expected (backend, seconds ≥ 0) pairs")
 
@@ -140,6 +140,14 @@ TABLE: tuple[Lever, ...] = (
     Lever("sdpa_unfused", "fast-path", "model", "attention as matmul → softmax → matmul instead of "
           "mx.fast.scaled_dot_product_attention: what the fused kernel is worth where its gate takes the shape",
           numerics="reorders", seams=("attn.decode", "attn.prefill"), backends=("mlx",), devices=DEVICES, gated=True),
+    Lever("sparse_v", "delete", "model", "decode attention skips the V rows whose softmax weight is below 1e-6 for "
+          "every query head of their KV head (scores and softmax as usual, then a gather of the kept rows and their "
+          "weighted sum; the fused Triton kernel is kernel=kerneltriage.kernels.sparse_v_attention:SPARSE_V)",
+          phases=("decode",), numerics="approximates", seams=("attn.decode",),
+          quality="maxlogit<=0.1,ppl<=1.001,greedy>=0.9",  # bounds: docs/sparse-v.md
+          clashes=(Clash(("graphs", "compile"), "its gather's size depends on the weights (a host sync): no graph "
+                         "captures it; the fused kernel keeps the skip inside one launch"),
+                   Clash(("flex_decode", "sdpa_fold", "fused_layer"), "they replace decode attention too"))),
     Lever("fused_layer", "kernel", "model", "each layer's decode and verify rows (≤ 32) as six Triton kernels: "
           "norm → QKV → RoPE → cache write; split-KV attention; combine; o_proj → + residual; norm → gate_up → "
           "SiLU·mul; down → + residual (llama layers; not under compile)", phases=("decode",), numerics="reorders",

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kerneltriage.backends.torch import (accelerate, attention_levers, counting, fused_layer, kernel_lever, quantized,
-                                         vocab_compact)
+                                         sparse_v, vocab_compact)
 from kerneltriage.backends.torch.models.llama import RMSNorm
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
@@ -95,6 +95,7 @@ APPLIERS: dict[str, Applier] = {
     "sdpa_pad": lambda runner, value: attention_levers.sdpa_pad(runner),
     "flex_decode": lambda runner, value: attention_levers.flex_decode(runner),
     "sdpa_backend": attention_levers.sdpa_backend,
+    "sparse_v": sparse_v.sparse_v,
     "quantized": quantized.quantized,
     "fused_layer": fused_layer.fused_layer,
     "pdl": fused_layer.pdl,
