@@ -51,10 +51,10 @@ def _layer_run(runner, cache_type: type, rows: int, depth: int, window: int | No
 
 
 # decode rows and verify rows (17: past one 16-row tile) at depths 0 and past a tile, in the eager and the static
-# (graph) cache layout; qwen2: biases on q, k and v
+# (graph) cache layout; qwen2: biases on q, k and v; qwen3: per-head q/k norms (one head per program)
 @pytest.mark.parametrize(("arch", "rows", "depth", "static"), [
     ("llama", 1, 0, False), ("llama", 1, 70, True), ("llama", 9, 70, False), ("llama", 17, 33, True),
-    ("qwen2", 1, 70, False), ("qwen2", 5, 0, True)])
+    ("qwen2", 1, 70, False), ("qwen2", 5, 0, True), ("qwen3", 1, 70, True), ("qwen3", 17, 33, False)])
 def test_layer_matches_stock(arch: str, rows: int, depth: int, static: bool) -> None:
     stock, fused = _runner(arch=arch), _fused(_runner(arch=arch))
     cache_type, window = (StaticKVCache, 128) if static else (KVCache, None)
@@ -96,6 +96,38 @@ def test_layer_matches_stock_with_k_in_several_rounds(rows: int, dot_bk: int, ti
     assert not fused_layer._semaphores(torch.device(DEVICE)).any()
 
 
+@pytest.mark.parametrize(("rows", "tile", "split"), [(1, 256, 4), (1, 512, 2), (17, 8192, 1)])
+def test_qwen3_heads_with_k_in_several_rounds(rows: int, tile: int, split: int,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode's head tile reads K (64) in rounds of 16 or 32 split over 4 or 2 programs per head (the tiny
+    model's 8 heads: short of HEAD_PROGRAMS, so every round its own split), each split's share summed by the head's
+    last arriver before its norm; a verify's in one round through tl.dot. The q/k norm weights are far from the tiny
+    model's near-1 ones, so a weight misapplied or left out shows."""
+    from kerneltriage.kernels import fused_layer
+
+    monkeypatch.setattr(fused_layer, "TILE", tile)
+    tiles = fused_layer._head_tiles(rows, 8, 16, 64)
+    assert (tiles.bn, tiles.splits, tiles.rounds * tiles.splits) == (16, split, 64 // tiles.bk)
+    stock, fused = _runner(arch="qwen3"), _fused(_runner(arch="qwen3"))
+    for runner in (stock, fused):  # the same norm weights in both, far from the tiny model's near-1 ones
+        for norm in (runner.model.layers[0].self_attn.q_norm, runner.model.layers[0].self_attn.k_norm):
+            norm.weight.data.copy_(torch.linspace(0.2, 3.0, norm.weight.numel()))  # in place: the kernels' view
+    want, _ = _layer_run(stock, StaticKVCache, rows, 33, 128)
+    got, _ = _layer_run(fused, StaticKVCache, rows, 33, 128)
+    assert (got - want).abs().max() / want.abs().max() < 2e-5
+    assert not fused_layer._semaphores(torch.device(DEVICE)).any()
+
+
+def test_head_tiles_at_qwen3_shapes() -> None:
+    """qwen3-0.6b's decode (32 heads of 64 pairs, K 1024): 128 programs of 2 rounds of 128; a verify's tl.dot
+    tiles keep 3 rounds in flight (float32: 3 × 64 KB of shared memory at most)."""
+    from kerneltriage.kernels.fused_layer import _head_tiles
+
+    decode, verify = _head_tiles(1, 32, 64, 1024), _head_tiles(16, 32, 64, 1024)
+    assert (decode.bn, decode.bk, decode.rounds, decode.splits, decode.grid(32 * 64)) == (64, 128, 2, 4, (32, 4))
+    assert (verify.bn, verify.bk, verify.stages) == (64, 64, 3) and verify.grid(32 * 64)[0] == 32
+
+
 def test_greedy_tokens_and_counts_through_the_model() -> None:
     prompt = list(range(3, 40))  # a prompt longer than 32 rows: prefill takes the stock layer
     plain = list(generate_step(_runner(), prompt, SamplingParams(), 5))
@@ -116,9 +148,21 @@ def test_speculative_verify_rows_keep_greedy_tokens() -> None:
     assert runner.counters["fused_layer"] > 0
 
 
-def test_refuses_qwen3_and_compile() -> None:
-    with pytest.raises(InputError, match="qwen3"):
-        _fused(_runner(arch="qwen3"))
+def test_qwen3_greedy_tokens_through_the_model() -> None:
+    prompt = list(range(3, 40))
+    plain = list(generate_step(_runner(arch="qwen3"), prompt, SamplingParams(), 5))
+    runner = _fused(_runner(arch="qwen3"))
+    assert list(generate_step(runner, prompt, SamplingParams(), 5)) == plain
+    assert runner.counters["fused_layer"] == 4 * 2
+
+
+def test_refuses_other_norms_and_compile() -> None:
+    runner = _runner(arch="qwen3")
+    runner.model.layers[1].self_attn.k_norm.eps = 1e-3
+    with pytest.raises(InputError, match="eps differs"):
+        _fused(runner)
+    with pytest.raises(InputError, match="not a power of two"):
+        _fused(_runner(arch="qwen3", head_dim=24))
     runner = _fused(_runner())
     from kerneltriage.backends.torch.accelerate import compile_steps
 
@@ -176,16 +220,20 @@ from kerneltriage.kernels import fused_layer as f
 
 FP32, I64, I32 = ("m_ptr", "l_ptr", "acc_ptr", "ws_ptr"), ("ids_ptr",), ("sem_ptr",)
 # a decode row (CUDA-core sums), a k = 15 verify (tl.dot, K rounds pipelined), the same with K split in 3 (the
-# attention kernels do not depend on the GEMV tiles: built once per row count)
+# attention kernels do not depend on the GEMV tiles: built once per row count); then qwen3-0.6b's q/k/v with its
+# per-head norms, one head per program, K split (a decode row and a verify)
 for pdl, rows, programs in ((pdl, rows, programs) for pdl in (False, True)
-                            for rows, programs in ((1, 0), (16, 0), (16, 100))):
-    f.SPLIT_PROGRAMS = programs
-    t = f._tiles(rows, 576, 576)
+                            for rows, programs in ((1, 0), (16, 0), (16, 100), (1, -1), (16, -1))):
+    f.SPLIT_PROGRAMS = max(programs, 0)
+    heads = programs < 0
+    t = f._head_tiles(rows, 32, 64, 1024) if heads else f._tiles(rows, 576, 576)
     assert (t.splits > 1) == bool(programs)
     consts_all = {"T": rows, "ROWS": t.rows, "G": 3, "RP": 64, "DP": 64, "SP": 4, "BN": t.bn, "BK": t.bk,
-                  "ROUNDS": t.rounds, "STAGES": t.stages, "SPLITS": t.splits, "BLOCK": 64, "HQ": 9, "HKV": 3,
-                  "DIM": 64, "BP": t.bn, "HAS_BIAS": False, "PDL": pdl}
-    kernels = (f._qkv_rope_cache, f._gemv_residual, f._gate_up) + ((f._attend, f._combine) if programs == 0 else ())
+                  "ROUNDS": t.rounds, "STAGES": t.stages, "SPLITS": t.splits, "BLOCK": 64, "HQ": 16 if heads else 9,
+                  "HKV": 8 if heads else 3, "DIM": 128 if heads else 64, "BP": t.bn, "HAS_BIAS": False,
+                  "QK_NORM": heads, "PDL": pdl}
+    kernels = (f._qkv_rope_cache,) + (() if heads else (f._gemv_residual, f._gate_up)) + (
+        (f._attend, f._combine) if programs == 0 else ())
     for fn in kernels:
         names = fn.arg_names
         consts = {n: consts_all[n] for n in names if n in consts_all}
@@ -221,4 +269,5 @@ def test_every_kernel_builds_for_sm90() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     done = subprocess.run([sys.executable, "-c", SM90_BUILD], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert len(done.stdout.splitlines()) == 2 * (3 * 3 + 2 * 2)  # PDL off and on: 3 GEMV kernels × 3, attention × 2
+    # PDL off and on: 3 GEMV kernels × 3, attention × 2, qwen3's q/k/v × 2
+    assert len(done.stdout.splitlines()) == 2 * (3 * 3 + 2 * 2 + 2)

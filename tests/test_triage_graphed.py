@@ -132,8 +132,10 @@ def test_the_fusion_finding_offers_fused_layer_where_it_runs() -> None:
     step = Breakdown("decode", 1e-3, {"q_proj": DEVICE_SHARE * 1e-3}, None, kernels_per_token=KERNELS)
     offered = q3_dispatch.graphed_step(step, {}, fusion.Structure(LAYERS, ("graphs",), "bfloat16"), gpu=True)
     assert offered.lever == "fused_layer" and "--levers fused_layer,graphs" in offered.fix
+    qwen3 = fusion.Structure(LAYERS, ("graphs",), "bfloat16", arch="qwen3")  # its per-head q/k norms: in the kernels
+    assert q3_dispatch.graphed_step(step, {}, qwen3, gpu=True).lever == "fused_layer"
     for structure in (fusion.Structure(LAYERS, ("graphs", "fused_layer"), "bfloat16"),  # on already
-                      fusion.Structure(LAYERS, ("graphs",), "bfloat16", arch="qwen3"),  # q/k norms: not taken
+                      fusion.Structure(LAYERS, ("graphs",), "bfloat16", arch="gemma3"),  # layers it does not take
                       fusion.Structure(LAYERS, ("graphs",), "float16", backend="mlx")):
         found = q3_dispatch.graphed_step(step, {}, structure, gpu=True)
         assert found.lever is None and "kerneltriage kernel" in found.fix

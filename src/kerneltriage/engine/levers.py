@@ -150,9 +150,9 @@ TABLE: tuple[Lever, ...] = (
                    Clash(("flex_decode", "sdpa_fold", "fused_layer"), "they replace decode attention too"))),
     Lever("fused_layer", "kernel", "model", "each layer's decode and verify rows (≤ 32) as six Triton kernels: "
           "norm → QKV → RoPE → cache write; split-KV attention; combine; o_proj → + residual; norm → gate_up → "
-          "SiLU·mul; down → + residual (llama layers; not under compile)", phases=("decode",), numerics="reorders",
-          seams=("norm", "qkv", "attn.decode", "o_proj", "gate_up", "down"), devices=("cuda",),
-          architectures=("llama", "qwen2"),  # qwen3's per-head q/k norms are not in its kernels
+          "SiLU·mul; down → + residual (llama, qwen2, qwen3 layers; not under compile)", phases=("decode",),
+          numerics="reorders", seams=("norm", "qkv", "attn.decode", "o_proj", "gate_up", "down"), devices=("cuda",),
+          architectures=("llama", "qwen2", "qwen3"),  # qwen2's q/k/v biases and qwen3's per-head q/k norms included
           clashes=(Clash(("compile",), "compile would trace its Triton kernels (graphs replays them)"),
                    Clash(("flex_decode", "sdpa_fold"), "its kernels attend themselves: theirs would not run"))),
     Lever("pdl", "dispatch", "model", "fused_layer's kernels launched with programmatic dependent launch: each "

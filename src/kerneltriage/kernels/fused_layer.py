@@ -1,11 +1,12 @@
-"""A Llama decoder layer's decode and verify rows (T ≤ 32) as six Triton kernels instead of ~16 stock ones.
+"""A Llama-family decoder layer's decode and verify rows (T ≤ 32) as six Triton kernels instead of ~16 stock ones.
 
 Why: under the best lever set the default model's graphed decode step runs ~474 kernels per token at ~3.65 µs each
 (triage, H200); its weights are 270 MB, 56 µs of bandwidth. The step is a chain of small kernels, so the lever is
 their count, and attention that reads only the filled cache, split across the SMs. Per layer:
 
-1. `_qkv_rope_cache`: RMSNorm in the prologue → packed q/k/v GEMV → RoPE → q to a buffer, k and v into the cache
-   at each row's position (read from the device: graph replays need no host value);
+1. `_qkv_rope_cache`: RMSNorm in the prologue → packed q/k/v GEMV (+ bias: qwen2) → per-head q/k RMSNorm (qwen3:
+   one whole head per program) → RoPE → q to a buffer, k and v into the cache at each row's position (read from
+   the device: graph replays need no host value);
 2. `_attend`: split-KV attention (flash-decoding): one program per KV head and chunk of keys, all G query heads ×
    T rows of that KV head in one block, reading only keys ≤ the row's position; partial (m, l, acc) per chunk;
 3. `_combine`: the chunks combined per query head and row (fused into o_proj's prologue, where every program
@@ -37,6 +38,9 @@ DOT_STAGES = 8  # with this many rounds of K in flight (Triton's software pipeli
 DOT_WARPS = 4  # warps per tl.dot program: 1 / 2 / 8 made a 16-row verify 4–32% slower (H200,
 # verify-kernels-smollm2-preset-h200-round1.json)
 SPLIT_PROGRAMS = 64  # a tl.dot GEMV's K split over programs until there are this many (0: never; `_k_splits`)
+HEAD_PROGRAMS = 128  # a q/k/v GEMV tiled by whole heads (per-head norms) splits K until there are this many: one head
+# per program leaves qwen3-0.6b's decode 32 programs on 132 SMs (a first guess, to be measured: `_head_tiles`)
+STAGE_BYTES = 96 * 1024  # shared memory a head tile's pipelined rounds may take (float32 weights; H200: 227 KB)
 MAX_BLOCKS = 4096  # column blocks of one split-K GEMV at most (the semaphores: `_semaphores`)
 TILE = 8192  # elements of a GEMV program's (rows, columns, K) tile per weight: registers, not shared memory
 WIDE = 8192  # weight elements a program holds at once above which it runs 8 warps instead of 4
@@ -146,14 +150,35 @@ def _split_sum(acc_a, acc_b, ws_ptr, sem_ptr, TWO: tl.constexpr, ROWS: tl.conste
 
 
 @triton.jit
-def _qkv_rope_cache(x_ptr, nw_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, ids_ptr, q_ptr, k_ptr, v_ptr, ws_ptr, sem_ptr,
-                    eps, hidden, sx, sw, sc, sq_t, sq_h, sk_h, sk_s, sv_h, sv_s,
+def _head_norm(lo, hi, head, j, p_ok, qn_ptr, kn_ptr, eps, HQ: tl.constexpr, HKV: tl.constexpr, DIM: tl.constexpr,
+               dt: tl.constexpr):
+    """(lo, hi) with q and k heads RMS-normalised over the head and weighted by q_norm / k_norm, rounded as the stock
+    RMSNorm rounds (normed → dtype, × weight → dtype); v heads as they were. The program's columns are one whole
+    head (pairs j and j + HALF), so its sum of squares is one sum over them; masked columns hold 0."""
+    HALF: tl.constexpr = DIM // 2
+    inv = tl.rsqrt(tl.sum(lo * lo + hi * hi, 1) / DIM + eps)  # (ROWS,)
+    is_q = p_ok & (head < HQ)
+    is_k = p_ok & (head >= HQ) & (head < HQ + HKV)
+    w_lo = tl.load(qn_ptr + j, mask=is_q, other=0.0).to(tl.float32) + tl.load(kn_ptr + j, mask=is_k,
+                                                                             other=0.0).to(tl.float32)
+    w_hi = tl.load(qn_ptr + j + HALF, mask=is_q, other=0.0).to(tl.float32) + tl.load(kn_ptr + j + HALF, mask=is_k,
+                                                                                    other=0.0).to(tl.float32)
+    normed = (is_q | is_k)[None, :]
+    lo = tl.where(normed, _rnd(_rnd(lo * inv[:, None], dt) * w_lo[None, :], dt), lo)
+    hi = tl.where(normed, _rnd(_rnd(hi * inv[:, None], dt) * w_hi[None, :], dt), hi)
+    return lo, hi
+
+
+@triton.jit
+def _qkv_rope_cache(x_ptr, nw_ptr, w_ptr, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, ids_ptr, q_ptr, k_ptr, v_ptr,
+                    ws_ptr, sem_ptr, eps, hidden, sx, sw, sc, sq_t, sq_h, sk_h, sk_s, sv_h, sv_s,
                     T: tl.constexpr, ROWS: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, DIM: tl.constexpr,
                     BP: tl.constexpr, BK: tl.constexpr, ROUNDS: tl.constexpr, STAGES: tl.constexpr,
-                    SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+                    SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr):
     HALF: tl.constexpr = DIM // 2
     dt: tl.constexpr = q_ptr.dtype.element_ty
-    p = tl.program_id(0) * BP + tl.arange(0, BP)  # rotation pairs (j, j + HALF) of every head, q then k then v
+    # rotation pairs (j, j + HALF) of every head, q then k then v; QK_NORM: BP = HALF, one whole head per program
+    p = tl.program_id(0) * BP + tl.arange(0, BP)
     head, j = p // HALF, p % HALF
     p_ok = head < HQ + 2 * HKV
     lo_col = head * DIM + j
@@ -166,6 +191,8 @@ def _qkv_rope_cache(x_ptr, nw_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, ids_ptr, q_pt
         lo += tl.load(b_ptr + lo_col, mask=p_ok, other=0.0).to(tl.float32)[None, :]
         hi += tl.load(b_ptr + lo_col + HALF, mask=p_ok, other=0.0).to(tl.float32)[None, :]
     lo, hi = _rnd(lo, dt), _rnd(hi, dt)
+    if QK_NORM:  # qwen3: each q and k head RMS-normalised before RoPE
+        lo, hi = _head_norm(lo, hi, head, j, p_ok, qn_ptr, kn_ptr, eps, HQ, HKV, DIM, dt)
     # RoPE on q and k (HF layout: x·cos + rotate_half(x)·sin, each product and the sum rounded as stock rounds)
     both = r_ok[:, None] & p_ok[None, :] & last
     cs = r[:, None] * sc + j[None, :]
@@ -328,17 +355,19 @@ class Tiles(NamedTuple):
         return like.new_empty(blocks * splits * (2 if two else 1) * self.rows * self.bn, dtype=torch.float32)
 
 
-def _k_splits(blocks: int, rounds: int) -> int:
+def _k_splits(blocks: int, rounds: int, wanted: int | None = None) -> int:
     """How many programs share each column block's K: the fewest that divides its rounds evenly and makes
     SPLIT_PROGRAMS programs in all (the most that divides them if none does); 1 when SPLIT_PROGRAMS is 0 or
     there are more than MAX_BLOCKS blocks. On the default model (30–96 column blocks of 16 on 132 SMs, K in 9 or
     24 rounds of 64) 64 splits q/k/v and o_proj in 3 and down in 2: a graphed verify of 9 / 16 rows took 682 / 778
     µs against 754 / 816 unsplit; 128 and 256 (K 576 in 9 one-round shares) 795–832, and splitting gate/up as well
-    cost 25–30 µs more (H200, verify-tiles-smollm2-preset-h200-split.json, …-split-gemv.json)."""
-    if not SPLIT_PROGRAMS or blocks > MAX_BLOCKS:
+    cost 25–30 µs more (H200, verify-tiles-smollm2-preset-h200-split.json, …-split-gemv.json). `wanted` replaces
+    SPLIT_PROGRAMS (`_head_tiles`)."""
+    wanted = SPLIT_PROGRAMS if wanted is None else wanted
+    if not wanted or blocks > MAX_BLOCKS:
         return 1
     divisors = [d for d in range(1, rounds + 1) if rounds % d == 0]
-    return next((d for d in divisors if blocks * d >= SPLIT_PROGRAMS), divisors[-1])
+    return next((d for d in divisors if blocks * d >= wanted), divisors[-1])
 
 
 def _tiles(rows: int, n: int, k: int) -> Tiles:
@@ -360,6 +389,21 @@ def _tiles(rows: int, n: int, k: int) -> Tiles:
     return Tiles(padded, BN, bk, triton.cdiv(k, bk), 1)
 
 
+def _head_tiles(rows: int, heads: int, half: int, k: int) -> Tiles:
+    """Tiles of the q/k/v GEMV with one whole head per program (its `half` rotation pairs, a power of two), for the
+    per-head norms: K split until there are HEAD_PROGRAMS programs; a tl.dot tile (16+ rows) keeps its rounds of
+    DOT_BK, as many in flight as STAGE_BYTES holds of the two halves' float32 tiles."""
+    padded = triton.next_power_of_2(rows)
+    if padded >= DOT_ROWS:
+        bk = min(triton.next_power_of_2(k), DOT_BK)
+        stages = max(1, min(DOT_STAGES, STAGE_BYTES // (2 * half * bk * 4)))
+    else:
+        bk, stages = min(triton.next_power_of_2(k), max(16, TILE // (padded * half))), 1
+    rounds = triton.cdiv(k, bk)
+    splits = _k_splits(heads, rounds, HEAD_PROGRAMS)
+    return Tiles(padded, half, bk, rounds // splits, stages, splits)
+
+
 class Weights(NamedTuple):
     """One layer's weights as the kernels read them (q, k, v stacked by rows in `qkv`); every matrix's rows are
     contiguous, and gate and up share a row stride (`weights` checks)."""
@@ -372,7 +416,9 @@ class Weights(NamedTuple):
     gate: torch.Tensor
     up: torch.Tensor
     down: torch.Tensor
-    eps: float
+    eps: float  # every norm's, the per-head ones' too
+    q_norm: torch.Tensor | None = None  # (head_dim,): per-head norms of q and k before RoPE (qwen3), or None
+    k_norm: torch.Tensor | None = None
 
 
 def weights(**named: object) -> Weights:
@@ -435,16 +481,18 @@ def layer(x: torch.Tensor, w: Weights, shape: Shape, cos: torch.Tensor, sin: tor
     heads, kv_heads, dim = shape
     group, half = heads // kv_heads, dim // 2
     pairs = (heads + 2 * kv_heads) * half
-    qkv = _tiles(rows, pairs, hidden)
+    qk_norm = w.q_norm is not None and w.k_norm is not None
+    qkv = _head_tiles(rows, heads + 2 * kv_heads, half, hidden) if qk_norm else _tiles(rows, pairs, hidden)
     q = x.new_empty(rows, heads, dim)
     bias = w.qkv_bias if w.qkv_bias is not None else w.qkv
+    q_norm, k_norm = (w.q_norm, w.k_norm) if qk_norm else (w.input_norm, w.input_norm)  # (never read without)
     sem = _semaphores(x.device)
     _qkv_rope_cache[qkv.grid(pairs)](
-        x, w.input_norm, w.qkv, bias, cos, sin, ids, q, keys, values, qkv.workspace(x, pairs, True), sem, w.eps,
-        hidden, x.stride(0), w.qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1), keys.stride(0),
+        x, w.input_norm, w.qkv, bias, q_norm, k_norm, cos, sin, ids, q, keys, values, qkv.workspace(x, pairs, True),
+        sem, w.eps, hidden, x.stride(0), w.qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1), keys.stride(0),
         keys.stride(1), values.stride(0), values.stride(1), T=rows, ROWS=qkv.rows, HQ=heads, HKV=kv_heads,
         DIM=dim, BP=qkv.bn, BK=qkv.bk, ROUNDS=qkv.rounds, STAGES=qkv.stages, SPLITS=qkv.splits,
-        HAS_BIAS=w.qkv_bias is not None, PDL=pdl, launch_pdl=pdl, num_warps=qkv.warps(True))
+        HAS_BIAS=w.qkv_bias is not None, QK_NORM=qk_norm, PDL=pdl, launch_pdl=pdl, num_warps=qkv.warps(True))
     chunk, splits = _splits(upper, kv_heads, x.device)
     rp, dp = max(ROWS_MIN, triton.next_power_of_2(group * rows)), max(16, triton.next_power_of_2(dim))
     m = torch.empty(kv_heads * splits * rp, device=x.device, dtype=torch.float32)

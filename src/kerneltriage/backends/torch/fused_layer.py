@@ -17,6 +17,7 @@ from torch import nn
 from kerneltriage.backends.torch import counting
 from kerneltriage.backends.torch.cache import KVCache, StaticKVCache
 from kerneltriage.backends.torch.models.llama import MLP, Attention, Step, TransformerBlock
+from kerneltriage.backends.torch.models import qwen3
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
 
@@ -61,21 +62,31 @@ def _weights(block: TransformerBlock):  # noqa: ANN202 - kernels.fused_layer.Wei
 
     attn, mlp = block.self_attn, block.mlp
     qkv, bias = _stack(attn, ("q_proj", "k_proj", "v_proj"))
+    q_norm, k_norm = (attn.q_norm.weight.detach(), attn.k_norm.weight.detach()) if _qk_norms(attn) else (None, None)
     return weights(input_norm=block.input_layernorm.weight.detach(), qkv=qkv, qkv_bias=bias,
                    o_proj=attn.o_proj.weight.detach(), post_norm=block.post_attention_layernorm.weight.detach(),
                    gate=mlp.gate_proj.weight.detach(), up=mlp.up_proj.weight.detach(),
-                   down=mlp.down_proj.weight.detach(), eps=block.input_layernorm.eps)
+                   down=mlp.down_proj.weight.detach(), eps=block.input_layernorm.eps, q_norm=q_norm, k_norm=k_norm)
+
+
+def _qk_norms(attn: Attention) -> bool:
+    """The layer normalises each q and k head before RoPE (qwen3's q_norm and k_norm)."""
+    return type(attn).qk_norm is qwen3.Attention.qk_norm
 
 
 def _takes(block: TransformerBlock) -> str | None:
     """Why this layer cannot take the fused kernels, or None."""
     attn = block.self_attn
-    if type(attn).qk_norm is not Attention.qk_norm:
-        return "per-head q/k norms (qwen3)"
+    if type(attn).qk_norm not in (Attention.qk_norm, qwen3.Attention.qk_norm):
+        return "per-head q/k norms other than qwen3's"
     if type(block.mlp) is not MLP or type(block).forward is not TransformerBlock.forward:
         return "a layer other than llama's"
     if attn.head_dim % 2:
         return f"an odd head_dim {attn.head_dim}"
+    if _qk_norms(attn) and attn.head_dim & (attn.head_dim - 1):  # one head per program: tl.arange's power of two
+        return f"per-head q/k norms with head_dim {attn.head_dim}, not a power of two"
+    if _qk_norms(attn) and not attn.q_norm.eps == attn.k_norm.eps == block.input_layernorm.eps:
+        return "per-head q/k norms whose eps differs from the layer norms'"
     return None
 
 
@@ -113,12 +124,13 @@ class FusedForward:
 
 
 def fused_layer(runner: Runner, value: str | None = None) -> None:
-    """kernel: each layer's decode and verify rows as six Triton kernels (norm → QKV → RoPE → cache write;
-    split-KV attention; combine; o_proj → + residual; norm → gate_up → SiLU·mul; down → + residual)."""
+    """kernel: each layer's decode and verify rows as six Triton kernels (norm → QKV (+ bias, → q/k norms) → RoPE →
+    cache write; split-KV attention; combine; o_proj → + residual; norm → gate_up → SiLU·mul; down → + residual)."""
     for block in runner.model.layers:
         why = _takes(block)
         if why is not None:
-            raise InputError(f"--levers {LEVER}: a {runner.config.arch} model has {why}; expected llama layers")
+            raise InputError(f"--levers {LEVER}: a {runner.config.arch} model has {why}; expected llama, qwen2 or "
+                             "qwen3 layers")
     for block in runner.model.layers:
         block.forward = FusedForward(runner, block, _weights(block), block.forward)
     runner.no_compile = LEVER
