@@ -49,16 +49,17 @@ class Settings:
     prompt_set: PromptSet | None = None
     sequential: bool = False  # the A/B block stops once it clears the band or cannot (core/sequential.py)
     winners_only: bool = False  # outputs checked after the timing, and only where it shows a win (triage's climb)
+    depth: int = 0  # tokens already in the cache before each timed test (llama-bench's -d)
 
     def __post_init__(self) -> None:
-        if self.pairs < 2 or self.warmups < 0 or self.sustain < 0:
-            raise ValueError(f"ab settings: pairs ≥ 2, warm-ups ≥ 0, sustain ≥ 0, got {self}")
+        if self.pairs < 2 or self.warmups < 0 or self.sustain < 0 or self.depth < 0:
+            raise ValueError(f"ab settings: pairs ≥ 2, warm-ups ≥ 0, sustain ≥ 0, depth ≥ 0, got {self}")
         if self.sequential and self.pairs < sequential.LOOKS[0]:
             raise ValueError(f"ab settings: sequential pairs need at least {sequential.LOOKS[0]}, got {self.pairs}")
 
     @property
     def tests(self) -> list[Test]:
-        return expand([self.prompt], [self.gen], [0])
+        return expand([self.prompt], [self.gen], [self.depth])
 
     @property
     def context_needed(self) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 from kerneltriage.bench.harness import Sample, decode_sample, prefill_sample, prompts_sample
-from kerneltriage.bench.workloads import PromptSet, Test, tokens_for
+from kerneltriage.bench.workloads import PromptSet, Test, Tokens, tokens_for
 from kerneltriage.core import sequential, stats
 from kerneltriage.engine.backend import Runner
 
@@ -16,10 +16,20 @@ def sampler_of(runner: Runner, test: Test, prompt_set: PromptSet | None = None) 
     """One sample of `test` on `runner` (a prefill, or a decode after random tokens or after each prompt of a set)."""
     tokens = tokens_for(test, runner.config.vocab_size)
     if test.kind == "pp":
-        return lambda: prefill_sample(runner, tokens)
+        sample = deep_prefill_sample if tokens.prefix else prefill_sample
+        return lambda: sample(runner, tokens)
     if prompt_set is not None:
         return lambda: prompts_sample(runner, prompt_set.prompts, test.n)
     return lambda: decode_sample(runner, tokens, test.n)
+
+
+def deep_prefill_sample(runner: Runner, tokens: Tokens) -> Sample:
+    """A prefill sample after a cache filled with the depth's tokens, untimed, each time: between two such samples the
+    other side's runs and the decode samples have reset this runner's cache."""
+    runner.reset_cache(len(tokens.prefix) + len(tokens.prompt))
+    runner.prefill(tokens.prefix, 0)
+    runner.synchronize()
+    return prefill_sample(runner, tokens)
 
 
 def paired(first: Callable[[], Sample], second: Callable[[], Sample], pairs: int,

@@ -73,6 +73,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--b", required=True, help="candidate configuration, e.g. 'levers=graphs,one_sync'")
     add("-p", "--n-prompt", dest="prompt", type=_whole(0), default=512, help="prefill tokens (default: 512; 0 skips)")
     add("-n", "--n-gen", dest="gen", type=_whole(0), default=128, help="decode tokens (default: 128; 0 skips)")
+    add("-d", "--n-depth", dest="depth", type=_whole(0), default=0,
+        help="tokens in the cache before each test, as llama-bench's -d (default: 0)")
     add("-r", "--repetitions", dest="pairs", type=_whole(2), default=10, help="pairs per block (default: 10)")
     add("--warmups", type=_whole(0), default=1, help="untimed samples per config and phase (default: 1)")
     add("--sustain", type=_seconds, default=0.0, help="seconds of sustained alternation (default: 0 = none)")
@@ -101,13 +103,15 @@ def run(args: argparse.Namespace) -> int:
     a, b = RunConfig.parse(args.a, "--a"), RunConfig.parse(args.b, "--b")
     check_before_loading(args, a, b)
     constraint = constraint_flags(args)
+    if args.prompts is not None and args.depth:
+        raise InputError("-d with --prompts: the prompts are the context; give one or the other")
     if args.prompts is not None and not args.prompts.is_file():
         raise InputError(f"--prompts {args.prompts}: no such file (expected JSON lines of {{\"prompt\": ...}})")
     backend = get_backend(args.backend)
     checkpoint = load_checkpoint(args.model)
     constrain(checkpoint, constraint)
     prompt_set = load_prompt_set(args.prompts, checkpoint.tokenizer, args.chat) if args.prompts else None
-    settings = Settings(args.prompt, args.gen, args.pairs, args.warmups, args.sustain, prompt_set)
+    settings = Settings(args.prompt, args.gen, args.pairs, args.warmups, args.sustain, prompt_set, depth=args.depth)
     check_fits(settings.tests, checkpoint.config.max_context)
     device = backend.resolve_device(args.device)
     dtype = backend.resolve_dtype(args.dtype, device)
