@@ -156,6 +156,19 @@ def test_qwen3_greedy_tokens_through_the_model() -> None:
     assert runner.counters["fused_layer"] == 4 * 2
 
 
+@pytest.mark.skipif(DEVICE != "cuda" or torch.cuda.get_device_capability()[0] < 9, reason="graphs and pdl: sm_90")
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_graphed_pdl_keeps_greedy_tokens_across_a_window(arch: str) -> None:
+    """Compiled kernels (not the interpreter), launched with PDL and replayed from graphs, across the 256-slot
+    window boundary: the greedy tokens of the stock model."""
+    prompt = [3 + (7 * i) % 290 for i in range(250)]
+    plain = list(generate_step(_runner(arch=arch), prompt, SamplingParams(), 12))
+    assert len(set(plain)) >= 3
+    runner = _runner("fused_layer,pdl,graphs", arch=arch)
+    assert list(generate_step(runner, prompt, SamplingParams(), 12)) == plain
+    assert runner.counters["fused_layer"] > 0 and runner.counters["pdl"] > 0
+
+
 def test_refuses_other_norms_and_compile() -> None:
     runner = _runner(arch="qwen3")
     runner.model.layers[1].self_attn.k_norm.eps = 1e-3
