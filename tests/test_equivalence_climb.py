@@ -76,4 +76,9 @@ def test_a_climb_upcasts_stock_once_and_each_winner_once(monkeypatch: pytest.Mon
         checked = equivalence.check_outputs(BACKEND, base, BACKEND.copy(base, RunConfig.from_flags(flags)), kept)
         assert checked.passed and checked.reference == "float32" and checked.semantic_error is not None
     assert built == ["stock", "levers=packed_qkv", "levers=fused_norm"]  # stock once, then each winner
+    # the next round's base (its own greedy tokens): the same positions are forced, stock's rows reused
+    higher = BACKEND.copy(base, RunConfig.from_flags("packed_qkv"))
+    top = BACKEND.copy(base, RunConfig.from_flags("packed_qkv,packed_gate_up"))
+    assert equivalence.check_outputs(BACKEND, higher, top, kept).passed
+    assert built[3:] == ["levers=packed_qkv,packed_gate_up"]
     assert RunConfig.from_flags("packed_qkv").stock_values and not RunConfig.from_flags("quantized").stock_values

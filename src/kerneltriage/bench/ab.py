@@ -258,7 +258,10 @@ def run_ab(backend: Backend, runners: Mapping[str, Runner], settings: Settings, 
         correctness = (_checked(backend, a, b, progress, kept) if timing.verdict in ("win", "traded")
                        else Correctness.unchecked())
     if correctness.checked:
-        correctness = _with_timed(backend, a, b, correctness, phases, settings)
+        began = time.perf_counter()
+        correctness = _with_timed(backend, a, b, correctness, phases, settings, kept)
+        correctness = dataclasses.replace(correctness, parts=correctness.parts | {
+            "timed": time.perf_counter() - began})
     sustained, windows = sustain(runners, settings, progress) if settings.sustain else ([], {})
     report = Report(describe(runners, settings), correctness, counters,
                     sorted({key for c in counters.values() for key, n in c.items() if n == 0}),
@@ -287,7 +290,7 @@ def _load_contention(report: Report) -> str | None:
 
 
 def _with_timed(backend: Backend, a: Runner, b: Runner, correctness: Correctness, phases: list[Phase],
-                settings: Settings) -> Correctness:
+                settings: Settings, kept: Outputs | None = None) -> Correctness:
     """The correctness record with what the timed decode runs' own tokens showed (per prompt of a prompt set)."""
     decode = next((p for p in phases if p.test.kind == "tg"), None)
     if decode is None:
@@ -297,7 +300,7 @@ def _with_timed(backend: Backend, a: Runner, b: Runner, correctness: Correctness
                 else [tokens_for(decode.test, a.config.vocab_size).prefix])
     for i, prefix in enumerate(prefixes):
         run_a, run_b = (tokens[i * size:(i + 1) * size] for tokens in decode.tokens)
-        timed = check_timed(backend, a, b, prefix, run_a, run_b, semantic=correctness.semantic_error is None)
+        timed = check_timed(backend, a, b, prefix, run_a, run_b, correctness.semantic_error is None, kept)
         if timed is not None:
             return dataclasses.replace(correctness, timed=f"prompt {i}: {timed}" if settings.prompt_set else timed)
     return correctness

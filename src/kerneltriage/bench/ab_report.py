@@ -77,7 +77,8 @@ class Report:
         assert self.verdict is not None, "a report is summarized once judged"
         return {"verdict": self.verdict.verdict, "reason": self.verdict.reason,
                 "phases": [p.to_dict() for p in self.phases],
-                "correctness": {"passed": c.passed, "checked": c.checked, "seconds": c.seconds, "detail": c.detail,
+                "correctness": {"passed": c.passed, "checked": c.checked, "seconds": c.seconds, "parts": c.parts,
+                                "detail": c.detail,
                                 "digest_a": c.digest_a, "digest_b": c.digest_b, "tokens": c.tokens,
                                 "logit_error": c.logit_error, "reference": c.reference, "error_a": c.error_a,
                                 "tolerance": c.tolerance,

@@ -26,8 +26,10 @@ arithmetic may differ, per-op checks at the model's real shapes, and the timed r
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -71,6 +73,7 @@ class Correctness:
     timed: str | None = None
     checked: bool = True  # False: not compared, because the timing showed no win (`ab`'s winners-only check)
     seconds: float = 0.0  # what the check took
+    parts: dict[str, float] = field(default_factory=dict)  # seconds of each part: digests, seams, logits
 
     @classmethod
     def unchecked(cls) -> "Correctness":
@@ -164,8 +167,11 @@ def judge_logits(backend: Backend, a: Runner, b: Runner, prompts: Sequence[Seque
                  allow: bool, fed: Sequence[Sequence[int]], kept: Outputs | None = None, semantic: bool = True
                  ) -> dict:
     """B's logit error and its bound (None when differences are not allowed: equal tokens are then required),
-    teacher-forced on A's greedy tokens `fed` (one flipped near-tie does not derail the rest). Without `semantic`
-    the float32 rebuild of B's configuration is skipped (a check on other tokens already judged it)."""
+    teacher-forced on A's greedy tokens `fed` (one flipped near-tie does not derail the rest; with `kept`, those
+    the first check of these prompts fed). Without `semantic` the float32 rebuild of B's configuration is skipped
+    (a check on other tokens already judged it)."""
+    if kept is not None:
+        fed = kept.fed(prompts, count, fed)
     if a.dtype == "float32":
         ref = forced_rows(a, prompts, count, fed, kept)[0]
         error = relative_error(forced_rows(b, prompts, count, fed, kept)[0], ref)
@@ -256,17 +262,31 @@ def check_outputs(backend: Backend, a: Runner, b: Runner, kept: Outputs | None =
     for a lever that approximates, its declared quality metric. `kept`: outputs computed by earlier checks, reused."""
     if declared_quality(b):
         return quality_outputs(a, b, kept)
+    parts: dict[str, float] = {}
     prompts, count = digest_prompts(a, b)
-    (digest_a, tokens_a), (digest_b, _) = digests(a, b, prompts, count, kept)
-    seams = seam_checks(backend, b)
+    with _timed(parts, "digests"):
+        (digest_a, tokens_a), (digest_b, _) = digests(a, b, prompts, count, kept)
+    with _timed(parts, "seams"):
+        seams = seam_checks(backend, b)
     # Equal tokens settle it where neither side computes another arithmetic, or where what B changes against A is
     # exact (a graphed base plus a loop lever: the same kernels); elsewhere the logits must show it stays close
     # (equal greedy tokens can hide a small systematic error).
     numerics = a.run_config.changes_numerics or b.run_config.changes_numerics
     if digest_a == digest_b and (not numerics or exact_difference(a, b)):
-        return Correctness(digest_a, digest_b, count, seams=seams)
-    judged = judge_logits(backend, a, b, prompts, count, tolerant(a, b), tokens_a, kept)
-    return Correctness(digest_a, digest_b, count, **judged, seams=seams)
+        return Correctness(digest_a, digest_b, count, seams=seams, parts=parts)
+    with _timed(parts, "logits"):
+        judged = judge_logits(backend, a, b, prompts, count, tolerant(a, b), tokens_a, kept)
+    return Correctness(digest_a, digest_b, count, **judged, seams=seams, parts=parts)
+
+
+@contextmanager
+def _timed(parts: dict[str, float], name: str) -> Iterator[None]:
+    """Adds the seconds its block took to parts[name]."""
+    began = time.perf_counter()
+    try:
+        yield
+    finally:
+        parts[name] = parts.get(name, 0.0) + time.perf_counter() - began
 
 
 def exact_difference(a: Runner, b: Runner) -> bool:
@@ -277,7 +297,7 @@ def exact_difference(a: Runner, b: Runner) -> bool:
 
 
 def check_timed(backend: Backend, a: Runner, b: Runner, prefix: Sequence[int], tokens_a: Sequence[int],
-                tokens_b: Sequence[int], semantic: bool = True) -> str | None:
+                tokens_b: Sequence[int], semantic: bool = True, kept: Outputs | None = None) -> str | None:
     """The timed decode runs' own tokens: None when they agree, or when they differ within the logit bound
     (teacher-forced on the timed prefix); else what differs. Without `semantic`: B's configuration in float32 was
     judged already (by check_outputs), so only the precision bound is checked on these tokens."""
@@ -291,7 +311,7 @@ def check_timed(backend: Backend, a: Runner, b: Runner, prefix: Sequence[int], t
     if quality:
         failed = [f"{name} = {value:.4g}" for name, (value, holds) in quality.items() if not holds]
         return f"{where}, declared quality fails: {', '.join(failed)}" if failed else None
-    judged = judge_logits(backend, a, b, [list(prefix)], len(tokens_a), True, [list(tokens_a)], semantic=semantic)
+    judged = judge_logits(backend, a, b, [list(prefix)], len(tokens_a), True, [list(tokens_a)], kept, semantic)
     if judged["logit_error"] <= judged["tolerance"] and (judged.get("semantic_error") or 0.0) <= LOGIT_RTOL:
         return None
     return f"{where}, logits off by {judged['logit_error']:.1e} (bound {judged['tolerance']:.1e})"

@@ -34,6 +34,16 @@ class Outputs:
             self.kept[key] = make()
         return self.kept[key]  # type: ignore[return-value]
 
+    def fed(self, prompts: Sequence[Sequence[int]], count: int, tokens: Sequence[Sequence[int]]
+            ) -> list[list[int]]:
+        """The tokens a check teacher-forces after `prompts`: the first A's greedy continuation these prompts were
+        checked with (in a climb, the start's), `tokens` the first time. Every later check then forces the same
+        positions, so stock's float32 rows over them are computed once."""
+        key = ("fed", frozen(prompts), count)
+        if key not in self.kept:
+            self.kept[key] = [list(t) for t in tokens]
+        return self.kept[key]  # type: ignore[return-value]
+
     def reference(self, runner: Runner, what: tuple, make: Callable[[], T]) -> T:
         """Rows of `runner`'s weights upcast to float32 under stock levers (`make` builds them), kept for any runner
         of the same checkpoint and dtype whose weights hold the stock values."""

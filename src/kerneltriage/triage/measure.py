@@ -5,7 +5,7 @@ the result. There is no second rule here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from kerneltriage.bench.ab import Report
@@ -23,6 +23,7 @@ class LeverResult:
     phases: Mapping[str, Mapping[str, Any]]  # phase → the `ab` phase record (test, ratio, aa_ratio, band, verdict)
     correctness: str
     counters: Mapping[str, int]
+    check_seconds: Mapping[str, float] = field(default_factory=dict)  # the check's parts (empty: not checked)
 
     @property
     def valid(self) -> bool:
@@ -35,10 +36,13 @@ class LeverResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"lever": self.lever, "verdict": self.verdict, "reason": self.reason, "phases": dict(self.phases),
-                "correctness": self.correctness, "counters": dict(self.counters)}
+                "correctness": self.correctness, "counters": dict(self.counters),
+                "check_seconds": dict(self.check_seconds)}
 
     @classmethod
     def from_report(cls, lever: str, report: Report) -> "LeverResult":
         summary = report.summary()
         return cls(lever, summary["verdict"], summary["reason"], {p["phase"]: p for p in summary["phases"]},
-                   summary["correctness"]["detail"], report.counters.get("B", {}))
+                   summary["correctness"]["detail"], report.counters.get("B", {}),
+                   summary["correctness"]["parts"] | ({"all": summary["correctness"]["seconds"]}
+                                                      if summary["correctness"]["checked"] else {}))

@@ -3,6 +3,8 @@ random weights for presets, created there directly (no CPU round trip for 8B).""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -49,12 +51,14 @@ def validate_before_allocating(checkpoint: Checkpoint, device: torch.device, dty
     check_fits(checkpoint.config, device, dtype)
 
 
-def stock_copy(model: Model, dtype: torch.dtype | None = None) -> Model:
+def stock_copy(model: Model, dtype: torch.dtype | None = None, layers: int | None = None) -> Model:
     """A stock Model with a copy of `model`'s weights, made on its device (in `dtype`: exact upcasts; default, its
     own): none of the levers applied to `model` (packed projections, replaced norms, attention functions, a runner's
-    graphs) come along."""
+    graphs) come along. With `layers`, only the first that many layers (a per-op check reads layer 0: an 8B's
+    float32 copy is 32 GB, one layer of it 0.9)."""
     weight = model.embed_tokens.weight
-    copy = _skeleton(model.config, weight.device, dtype or weight.dtype)
+    config = model.config if layers is None else dataclasses.replace(model.config, num_layers=layers)
+    copy = _skeleton(config, weight.device, dtype or weight.dtype)
     source = dict(model.named_parameters(remove_duplicate=False))
     with torch.no_grad():
         for name, target in copy.named_parameters(remove_duplicate=False):
