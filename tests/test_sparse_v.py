@@ -150,3 +150,50 @@ def test_fused_kernel_passes_the_kernel_check() -> None:
     runner = BACKEND.build(tiny_checkpoint("llama", max_context=512), RunConfig(), "cpu", "float32")
     report = kernel_path.check_kernel(BACKEND, runner, "kerneltriage.kernels.sparse_v_attention:SPARSE_V", settings)
     assert report.passed, [c.to_dict() for c in report.checks if not c.passed]
+
+
+def test_q1_ceiling_counts_the_rows_the_lever_can_skip_not_the_weights() -> None:
+    from kerneltriage.engine.probes import Sparsity
+    from kerneltriage.triage import q1_delete
+
+    # 80% of weights are ~0, but only 20% of V rows are ~0 for every query head sharing them: the lever skips 20%
+    measured = Sparsity(300, 1e-6, 0.8, (0.8,), skippable=0.2)
+    assert q1_delete.sparse_v(measured, 0.5) is None  # 20% is no finding …
+    assert q1_delete.sparse_v_share(measured, 0.5) == pytest.approx(0.5 * 0.5 * 0.2)
+    assert "ceiling 1.053×" in q1_delete.sparse_v_note(measured, 0.5)  # … but Q1 says what it measured
+    dense = q1_delete.sparse_v(Sparsity(300, 1e-6, 0.9, (0.9,), skippable=0.6), 0.5)
+    assert dense is not None and dense.lever == "sparse_v" and dense.estimated_gain == pytest.approx(1 / (1 - 0.15))
+    assert q1_delete.deletable(None) == {"sparse_v": 0.0} and q1_delete.deletable(measured)["sparse_v"] == 0.1
+
+
+def test_q1_names_vocab_compact_only_under_a_constraint() -> None:
+    from kerneltriage.triage import q1_delete
+
+    free, constrained = q1_delete.output_projection_decode(0.3), q1_delete.output_projection_decode(0.3, True)
+    assert free is not None and free.lever is None and "--json-schema" in free.fix
+    assert constrained is not None and constrained.lever == "vocab_compact"
+
+
+def test_the_probe_counts_v_rows_per_kv_head() -> None:
+    from kerneltriage.backends.torch.sparsity import _below
+
+    q, k = torch.zeros(1, 2, 1, 4), torch.zeros(1, 1, 3, 4)
+    q[0, 1, 0, 0], k[0, 0, 2, 0] = 40.0, 1.0  # head 1 leaves keys 0 and 1 ~0; head 0 spreads evenly
+    small, total, rows_small, rows_total = _below(q, k, 2, 1e-6)
+    assert (small, total) == (2, 6) and (rows_small, rows_total) == (0, 3)  # no row is ~0 for both heads
+
+
+def test_the_climb_scales_a_delete_levers_ceiling_by_what_q1_measured() -> None:
+    from kerneltriage.engine.configuration import RunConfig as Config
+    from kerneltriage.triage.breakdown import Breakdown
+    from kerneltriage.triage.candidates import candidates
+
+    step = Breakdown("decode", 0.01, {"attention": 0.004, "other": 0.006}, None)
+    breakdowns = {"decode": step, "prefill": Breakdown("prefill", 0.01, {"other": 0.01}, None)}
+    place = Place("torch", "cpu", "llama")
+    found, _ = candidates(Config(), place, breakdowns)
+    full = next(c for c in found if c.text == "sparse_v")
+    assert full.ceilings["decode"] == pytest.approx(1 / (1 - 0.4))  # the whole attention share
+    found, _ = candidates(Config(), place, breakdowns, deletable={"sparse_v": 0.05})
+    scaled = next(c for c in found if c.text == "sparse_v")
+    assert scaled.ceilings["decode"] == pytest.approx(1 / (1 - 0.02)) and scaled.inside({"decode": 0.05})

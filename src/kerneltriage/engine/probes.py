@@ -115,12 +115,15 @@ class PhaseProfile:
 
 @dataclass(frozen=True)
 class Sparsity:
-    """Fraction of attention weights below `threshold` at prompt depth `depth`, overall and per layer."""
+    """Fraction of attention weights below `threshold` at prompt depth `depth`, overall and per layer; `skippable`:
+    the fraction of V rows (per KV head and query) that every query head sharing that KV head weighs below it — what
+    sparse-V can leave unread (None: not measured)."""
 
     depth: int
     threshold: float
     fraction: float
     per_layer: tuple[float, ...]
+    skippable: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

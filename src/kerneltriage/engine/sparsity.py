@@ -16,16 +16,16 @@ from kerneltriage.engine.probes import Sparsity
 
 SPARSE_THRESHOLD = 1e-6
 QUERY_ROWS = 16  # the last prompt positions: the queries with the most keys to skip
-# (q (B, H, T, D), k (B, Hkv, S, D), the queries' first position, threshold) → (weights below it, weights counted)
-# over the last QUERY_ROWS queries
-BelowFn = Callable[[Any, Any, int, float], tuple[int, int]]
+# (q (B, H, T, D), k (B, Hkv, S, D), the queries' first position, threshold) → (weights below it, weights counted,
+# V rows below it for every query head of their KV head, V rows counted) over the last QUERY_ROWS queries
+BelowFn = Callable[[Any, Any, int, float], tuple[int, int, int, int]]
 
 
 def attention_sparsity(runner: Any, tokens: Sequence[int], below: BelowFn,
                        threshold: float = SPARSE_THRESHOLD) -> Sparsity:
     """Prefill `tokens` with each layer's attention weights inspected on the way."""
     model, inner = runner.model, runner.model.attention
-    counts: list[tuple[int, int]] = []
+    counts: list[tuple[int, int, int, int]] = []
 
     def inspecting(q: Any, k: Any, v: Any, pos: Any, **kwargs: Any) -> Any:
         counts.append(below(q, k, pos.start or 0, threshold))
@@ -38,8 +38,8 @@ def attention_sparsity(runner: Any, tokens: Sequence[int], below: BelowFn,
         runner.synchronize()  # (a lazy backend's prefill has run every layer's count already: it read them)
     finally:
         model.attention = inner
-    small, total = (sum(column) for column in zip(*counts))
-    return Sparsity(len(tokens), threshold, small / total, tuple(s / t for s, t in counts))
+    small, total, rows_small, rows_total = (sum(column) for column in zip(*counts))
+    return Sparsity(len(tokens), threshold, small / total, tuple(c[0] / c[1] for c in counts), rows_small / rows_total)
 
 
 def passage_tokens(runner: Any) -> list[int]:

@@ -76,9 +76,10 @@ def _gains(shares: Mapping[str, float]) -> dict[str, float]:
 
 
 def _candidate(config: RunConfig, setting: LeverSetting, breakdowns: Mapping[str, Breakdown], backend: str,
-               reference: Mapping[str, Breakdown] | None) -> Candidate:
-    shares = lever_shares(setting, breakdowns)
-    expected = _gains(estimated_shares(setting, breakdowns, reference))
+               reference: Mapping[str, Breakdown] | None, deletable: float = 1.0) -> Candidate:
+    shares = {phase: share * deletable for phase, share in lever_shares(setting, breakdowns).items()}
+    expected = _gains({phase: share * deletable
+                       for phase, share in estimated_shares(setting, breakdowns, reference).items()})
     estimate = math.inf if len(expected) < 2 else max(expected.values())
     return Candidate(setting.text, setting.lever.question, config.plus(setting), _gains(shares),
                      setting.lever.warmup_seconds(backend), shares, estimate)
@@ -86,11 +87,14 @@ def _candidate(config: RunConfig, setting: LeverSetting, breakdowns: Mapping[str
 
 def candidates(config: RunConfig, place: Place, breakdowns: Mapping[str, Breakdown], budget: str = "quick",
                kernels: Sequence[str] = (), speculate: bool = False, routed: frozenset[str] | None = None,
-               reference: Mapping[str, Breakdown] | None = None) -> tuple[list[Candidate], list[Refused]]:
+               reference: Mapping[str, Breakdown] | None = None, deletable: Mapping[str, float] | None = None
+               ) -> tuple[list[Candidate], list[Refused]]:
     """The round's candidates, most promising first (largest ceiling; ties in the questions' order), and what the
     table or the budget refuses. A lever already on (with any value) is not a candidate; a gated one (it routes
     attention elsewhere) only where the gate audit named it (`routed`; None: every one). `reference`: a profile that
-    attributes op classes (the start's), for the expected gains of a step whose profile does not (a graph replay)."""
+    attributes op classes (the start's), for the expected gains of a step whose profile does not (a graph replay).
+    `deletable`: lever → the fraction of its seams' share Q1 measured it can delete (sparse-V: the V half of attention
+    times the V rows nobody attends to; 0 where it cannot be measured, random weights), its ceiling scaled by it."""
     if budget not in BUDGETS:
         raise ValueError(f"budget {budget!r}: expected one of {BUDGETS}")
     found, refused = [], []
@@ -107,7 +111,8 @@ def candidates(config: RunConfig, place: Place, breakdowns: Mapping[str, Breakdo
             if why is not None:
                 refused.append(Refused(setting.text, why))
                 continue
-            found.append(_candidate(config, setting, breakdowns, place.backend, reference))
+            found.append(_candidate(config, setting, breakdowns, place.backend, reference,
+                                    (deletable or {}).get(lever.name, 1.0)))
     if speculate and config.speculation is None:  # its gain is the text's, not a profile's: tried after the levers
         found += [Candidate(f"spec={source}", SPEC_QUESTION, RunConfig(config.levers, Speculation(source)), {},
                             estimate=SPEC_ESTIMATE) for source in LOOKUP_SOURCES]

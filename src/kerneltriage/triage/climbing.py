@@ -25,11 +25,12 @@ CONFIRM_PAIRS = 8  # the final confirmation of the start against the final confi
 
 def climb(backend: Backend, runner: Runner, workload: Workload, budget: Budget, setup: Mapping[str, Any],
           evidence: Mapping[str, str | None], options: Any, tell: Callable[[str], None],
-          routed: frozenset[str] = frozenset(), known: Mapping[str, dict[str, Breakdown]] | None = None
-          ) -> tuple[Ladder, dict[str, Breakdown]]:
+          routed: frozenset[str] = frozenset(), known: Mapping[str, dict[str, Breakdown]] | None = None,
+          deletable: Mapping[str, float] | None = None) -> tuple[Ladder, dict[str, Breakdown]]:
     """The ladder from the runner's configuration, confirmed against it, and the final configuration's profile.
     `routed`: the attention levers the gate audit named (the only gated levers tried); `known`: profiles already made
-    (configuration text → phase → breakdown: the start's, from triage's own profile)."""
+    (configuration text → phase → breakdown: the start's, from triage's own profile); `deletable`: Q1's measured
+    fraction of a delete lever's seams it can delete (candidates.candidates)."""
     trials = Trials(backend, runner, workload, budget, Ceilings(**setup["ceilings"]), evidence, tell,
                     options.prompt_set, known=dict(known or {}))
     place = runner.place
@@ -37,7 +38,8 @@ def climb(backend: Backend, runner: Runner, workload: Workload, budget: Budget, 
     def propose(config: RunConfig, breakdowns: Mapping[str, Breakdown], start: Mapping[str, Breakdown]
                 ) -> tuple[list, list]:
         return candidates(config, place, breakdowns, options.budget, options.kernels,
-                          speculate=options.prompt_set is not None, routed=routed, reference=start)
+                          speculate=options.prompt_set is not None, routed=routed, reference=start,
+                          deletable=deletable)
 
     seconds = budget.climb_limit(options.budget, setup["model"]["weight_bytes_per_token"])
     ladder, final = Climb(trials, propose, options.favor, seconds, tell).run(runner.run_config)

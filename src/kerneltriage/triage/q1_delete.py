@@ -82,40 +82,70 @@ def padding_work(tokens: Sequence[int], pad_id: int | None) -> Finding | None:
 
 
 
-def output_projection_decode(output_share: float) -> Finding | None:
-    """The output projection's share of a decode step: the ceiling for vocabulary compaction."""
+def output_projection_decode(output_share: float, constrained: bool = False) -> Finding | None:
+    """The output projection's share of a decode step: the ceiling for vocabulary compaction, a lever only where the
+    workload is constrained (its allowed set is what it computes)."""
     if output_share < OUTPUT_SHARE_MIN:
         return None
+    fix = ("score only the allowed tokens' rows of the output projection (--levers vocab_compact)" if constrained
+           else "under constrained decoding (--choices, --regex, --json-schema), score only the allowed tokens "
+                "(--levers vocab_compact)")
     return Finding(
         QUESTION, "vocabulary-ceiling",
         f"the output projection is {output_share:.0%} of each decode step",
-        {"output_share": output_share},
-        speedup_if_free(output_share), None, "ceiling",
-        "under constrained decoding, score only the allowed tokens (vocabulary compaction)", "decode")
+        {"output_share": output_share, "constrained": constrained},
+        speedup_if_free(output_share), None, "ceiling", fix, "decode", "vocab_compact" if constrained else None)
+
+
+def sparse_v_share(sparsity: Sparsity, attention_share: float) -> float:
+    """The share of a decode step sparse-V can delete: the V half of what attention reads, times the V rows every query
+    head of their KV head weighs below the threshold (the weights below it, where that was not measured)."""
+    skippable = sparsity.fraction if sparsity.skippable is None else sparsity.skippable
+    return attention_share * V_SHARE_OF_ATTENTION * skippable
 
 
 def sparse_v(sparsity: Sparsity | None, attention_share: float) -> Finding | None:
-    """Real weights only: the fraction of attention weights ~0 bounds what skipping their V rows saves."""
-    if sparsity is None or sparsity.fraction < SPARSE_FRACTION_MIN:
+    """Real weights only: the V rows nobody attends to bound what skipping them saves."""
+    if sparsity is None:
         return None
-    deletable = attention_share * V_SHARE_OF_ATTENTION * sparsity.fraction
+    skippable = sparsity.fraction if sparsity.skippable is None else sparsity.skippable
+    if skippable < SPARSE_FRACTION_MIN:
+        return None
+    deletable = sparse_v_share(sparsity, attention_share)
     return Finding(
         QUESTION, "sparse-v",
-        f"{sparsity.fraction:.0%} of attention weights are below {sparsity.threshold:g} at depth {sparsity.depth}",
+        f"{skippable:.0%} of V rows get weights below {sparsity.threshold:g} from every query head that reads them, "
+        f"at depth {sparsity.depth}",
         sparsity.to_dict() | {"attention_share": attention_share, "deletable_share": deletable},
         speedup_if_free(deletable), None, "estimated",
-        "skip V rows whose weight is below the threshold (sparse-V); check output equality at long depth", "decode")
+        "skip those V rows (--levers sparse_v, declared approximate: judged by its quality metrics; under graphs "
+        "--levers kernel=kerneltriage.kernels.sparse_v_attention:SPARSE_V)", "decode", "sparse_v")
+
+
+def sparse_v_note(sparsity: Sparsity, attention_share: float) -> str:
+    """Q1's line on sparse-V whether or not it is worth a finding: what was measured and the ceiling it gives."""
+    skippable = sparsity.fraction if sparsity.skippable is None else sparsity.skippable
+    ceiling = speedup_if_free(sparse_v_share(sparsity, attention_share))
+    return (f"sparse-V: {sparsity.fraction:.0%} of attention weights, {skippable:.0%} of V rows (every query head of "
+            f"their KV head) below {sparsity.threshold:g} at depth {sparsity.depth} on the passage; attention "
+            f"{attention_share:.0%} of decode: ceiling {ceiling:.3f}× (lever sparse_v)")
+
+
+def deletable(sparsity: Sparsity | None) -> dict[str, float]:
+    """lever → the fraction of its seams' share Q1 measured it can delete (the climb scales its ceiling by it):
+    sparse-V's is unknown without real weights, and taken as 0 (a random model's uniform attention skips nothing)."""
+    return {"sparse_v": 0.0 if sparsity is None else sparse_v_share(sparsity, 1.0)}
 
 
 def analyze(prefill_shares: Mapping[str, float], decode_shares: Mapping[str, float], output_rows: Sequence[int],
             prefill_calls: Sequence[SdpaCall], prompt: Sequence[int], pad_id: int | None,
-            sparsity: Sparsity | None, last_logits: LeverResult | None) -> list[Finding]:
+            sparsity: Sparsity | None, last_logits: LeverResult | None, constrained: bool = False) -> list[Finding]:
     """Every Q1 detector that fires."""
     found = (
         all_position_logits(output_rows, prefill_shares.get(OUTPUT_CLASS, 0.0), last_logits),
         explicit_causal_masks(prefill_calls, prefill_shares.get(ATTENTION_CLASS, 0.0)),
         padding_work(prompt, pad_id),
-        output_projection_decode(decode_shares.get(OUTPUT_CLASS, 0.0)),
+        output_projection_decode(decode_shares.get(OUTPUT_CLASS, 0.0), constrained),
         sparse_v(sparsity, decode_shares.get(ATTENTION_CLASS, 0.0)),
     )
     return [f for f in found if f is not None]

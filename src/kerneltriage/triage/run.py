@@ -66,6 +66,7 @@ class _State:
     ladder: Ladder | None = None
     final: dict[str, Breakdown] = field(default_factory=dict)  # the final configuration's profile
     notes: list[str] = field(default_factory=list)
+    deletable: dict[str, float] = field(default_factory=dict)  # Q1: lever → the fraction of its seams' share it deletes
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,8 @@ def stage_delete(state: _State) -> None:
     runner, w = state.runner, state.workload
     sparsity = None
     if runner.config.random_weights:
-        state.notes.append("sparse-V: not measured — random weights attend uniformly; needs a real model")
+        state.notes.append("sparse-V: not measured — random weights attend uniformly; needs a real model (the climb "
+                           "takes sparse_v's ceiling as 1.000×)")
     else:
         sparsity = state.backend.attention_sparsity(runner)
     pad_id = getattr(runner.checkpoint.tokenizer, "pad_token_id", None)
@@ -133,8 +135,13 @@ def stage_delete(state: _State) -> None:
         state.notes.append("padding: the tokenizer names no pad token; nothing to look for")
     _, prompt = w.prefill_tokens(runner.config.vocab_size)
     b = state.breakdown
+    attention = b["decode"].shares.get(q1_delete.ATTENTION_CLASS, 0.0)
+    state.deletable = q1_delete.deletable(sparsity)
+    if sparsity is not None:
+        state.notes.append(q1_delete.sparse_v_note(sparsity, attention))
     state.findings += q1_delete.analyze(b["prefill"].shares, b["decode"].shares, state.output_rows,
-                                        state.calls["prefill"], prompt, pad_id, sparsity, None)
+                                        state.calls["prefill"], prompt, pad_id, sparsity, None,
+                                        runner.place.constrained)
 
 
 def stage_fastpath(state: _State) -> None:
@@ -187,7 +194,8 @@ def stage_climb(state: _State) -> None:
     state.ladder, state.final = climbing.climb(state.backend, state.runner, state.workload, state.budget,
                                                state.setup, baseline_evidence(state.gates), state.options,
                                                state.tell, routed,
-                                               {state.runner.run_config.text: dict(state.breakdown)})
+                                               {state.runner.run_config.text: dict(state.breakdown)},
+                                               state.deletable)
     state.findings += climbing.findings(state.ladder)
     step = graphed.final_step(state.final.get("decode"), state.ladder.final)
     found = q3_dispatch.graphed_step(step, state.breakdown["decode"].class_kernels,
