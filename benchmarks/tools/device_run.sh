@@ -14,6 +14,8 @@
 #               test_gpu_probes.py (the greedy references are decoded once per session: conftest gpu_greedy)
 #   ceilings    kerneltriage ceilings --refresh                 -> ceilings-$DEV.txt
 #   triage      kerneltriage triage on $MODEL                   -> triage-$NAME-$DEV.json, .html
+#   climb       triage on $MODEL, then ab of $HAND against its final set (triage_vs_hand.py)
+#               -> triage-$NAME-$DEV.json, .html, .log, ab-$NAME-$DEV-hand-vs-triage.json
 #   levers      each lever alone against stock (ab_levers.py)   -> ab-$NAME-$DEV$TAG/ab-*.json
 #   bench       bench of $LEVERS beside $PEERS                  -> bench-$NAME-$DEV$TAG.json
 #   ab          ab of $A against $B                             -> ab-$NAME-$DEV$TAG.json
@@ -30,7 +32,7 @@
 #   SETS [repetitive copy_heavy copy_heavy_holdout summarize open_ended]  PAIRS [5]  TAG [""; e.g. -float32]
 #   A, B [levers= / levers=$LEVERS]  KERNELS [kerneltriage.kernels.rmsnorm:RMSNORM]  LIMIT_S [560 per sub-step]
 #   EXTRA [more flags for every kerneltriage call, e.g. "--dtype float32"]  LLAMA_SRC [llama.cpp's source folder]
-#   LEDGER [$OUT/ledger-$DEV.db]
+#   LEDGER [$OUT/ledger-$DEV.db]  HAND [$LEVERS: the best set found by hand, for climb]
 set -uo pipefail
 if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ]; then
   sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0
@@ -65,6 +67,8 @@ run_step() {
     ceilings) step "${kt[@]}" ceilings --refresh "${extra[@]}" > "$OUT/ceilings-$DEV.txt" ;;
     triage) step "${kt[@]}" triage --model "$MODEL" "${extra[@]}" --output json --html "$OUT/triage-$NAME-$DEV.html" \
               --ledger "$LEDGER" > "$OUT/triage-$NAME-$DEV.json" ;;
+    climb) step python3 benchmarks/tools/triage_vs_hand.py --model "$MODEL" --hand "${HAND:-$LEVERS}" --out "$OUT" \
+             --tag "$NAME-$DEV" --pairs 8 ${extra[@]:+-- "${extra[@]}"} ;;
     levers) step python3 benchmarks/tools/ab_levers.py --model "$MODEL" --out "$OUT/ab-$NAME-$DEV$TAG" \
               -p 512 -n 16 -r 16 --ledger "$LEDGER" ;;
     bench) local p llama=(); p=$(peers); [ -x "$LLAMA_BENCH" ] && llama=(--llama-bench "$LLAMA_BENCH")

@@ -7,8 +7,8 @@ B/A ≥ 0.95 in a phase means triage's set reaches 95% of the hand set's speed t
     python benchmarks/tools/triage_vs_hand.py --model default --hand packed_qkv,graphs --out DIR [--tag T]
         [--pairs 10] [-- extra triage flags]
 
-Writes DIR/triage-TAG.json (the report, with `wall_s` and the command added), DIR/triage-TAG.html and
-DIR/ab-TAG-hand-vs-triage.json; prints one summary line.
+Writes DIR/triage-TAG.json (the report, with `wall_s` and the command added), DIR/triage-TAG.html, its stderr in
+DIR/triage-TAG.log and DIR/ab-TAG-hand-vs-triage.json; prints one summary line.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def run_triage(model: str, out: Path, tag: str, extra: list[str]) -> dict:
     began = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
     wall = time.perf_counter() - began
+    (out / f"triage-{tag}.log").write_text(done.stderr)
     sys.stderr.write(done.stderr[-4000:])
     if done.returncode != 0:
         sys.exit(f"triage failed ({done.returncode}) after {wall:.0f} s")

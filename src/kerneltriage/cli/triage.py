@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from kerneltriage.triage.run import STAGES, triage
     from kerneltriage.triage.setup import Workload
 
+    began = time.perf_counter()  # after the framework's import: "start" below is the load of the model
     workload = Workload(args.prompt, args.gen, args.depth)
     config, constraint = run_config(args), constraint_flags(args)
     _check_files(args)
@@ -99,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         runner = build_runner(checkpoint, args, config)
         backend = get_backend(runner.backend)
         options = _options(args, checkpoint, backend, runner, workload, ledger)
+        loaded = time.perf_counter() - began
         start = take_snapshot(runner.gpu_index or 0)
         with _progress(len(STAGES)) as tell:
             report = triage(backend, runner, workload, tell, ledger, _label(runner, workload), options)
@@ -106,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         if shared and report.experiment_id is not None:
             ledger.set_contended(report.experiment_id, shared)
     report.notes += [f"framework: {line}" for line in chatter]
+    report.stage_seconds = {"load": loaded} | report.stage_seconds  # the model read and built on the device
     if args.html is not None:
         from kerneltriage.triage.html import write_html
 
@@ -222,9 +226,22 @@ def render(report: Any, shared: str | None = None) -> str:
 
 @contextmanager
 def _progress(stages: int) -> Iterator[Any]:
-    """A rich progress display on stderr naming the stage that is running."""
+    """A rich progress display on stderr naming the stage that is running; where stderr is no terminal (a log, a
+    CI job), one line per step with the seconds since triage began, so a log says where the time went."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if not sys.stderr.isatty():
+        began, last = time.perf_counter(), [""]
+
+        def line(index: int, name: str) -> None:
+            if name != last[0] and " pair " not in name:  # a block's pairs: the bar's business, not the log's
+                print(f"triage [{time.perf_counter() - began:6.1f} s] {index + 1}/{stages} {name}", file=sys.stderr,
+                      flush=True)
+                last[0] = name
+
+        yield line
+        return
 
     columns = (TextColumn("triage: {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
