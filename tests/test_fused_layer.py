@@ -96,16 +96,18 @@ def test_layer_matches_stock_with_k_in_several_rounds(rows: int, dot_bk: int, ti
     assert not fused_layer._semaphores(torch.device(DEVICE)).any()
 
 
-@pytest.mark.parametrize(("rows", "tile", "split"), [(1, 256, 4), (1, 512, 2), (17, 8192, 1)])
-def test_qwen3_heads_with_k_in_several_rounds(rows: int, tile: int, split: int,
+@pytest.mark.parametrize(("rows", "tile", "head_rounds", "split"), [
+    (1, 256, 1, 4), (1, 256, 2, 2), (1, 512, 1, 2), (17, 8192, 1, 1)])
+def test_qwen3_heads_with_k_in_several_rounds(rows: int, tile: int, head_rounds: int, split: int,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """A decode's head tile reads K (64) in rounds of 16 or 32 split over 4 or 2 programs per head (the tiny
-    model's 8 heads: short of HEAD_PROGRAMS, so every round its own split), each split's share summed by the head's
-    last arriver before its norm; a verify's in one round through tl.dot. The q/k norm weights are far from the tiny
-    model's near-1 ones, so a weight misapplied or left out shows."""
+    """A decode's head tile reads K (64) in rounds of 16 or 32, split over 4 or 2 programs per head (one or two
+    rounds each), each split's share summed by the head's last arriver before its norm; a verify's in one round
+    through tl.dot. The q/k norm weights are far from the tiny model's near-1 ones, so a weight misapplied or left
+    out shows."""
     from kerneltriage.kernels import fused_layer
 
     monkeypatch.setattr(fused_layer, "TILE", tile)
+    monkeypatch.setattr(fused_layer, "HEAD_ROUNDS", head_rounds)
     tiles = fused_layer._head_tiles(rows, 8, 16, 64)
     assert (tiles.bn, tiles.splits, tiles.rounds * tiles.splits) == (16, split, 64 // tiles.bk)
     stock, fused = _runner(arch="qwen3"), _fused(_runner(arch="qwen3"))
@@ -119,13 +121,14 @@ def test_qwen3_heads_with_k_in_several_rounds(rows: int, tile: int, split: int,
 
 
 def test_head_tiles_at_qwen3_shapes() -> None:
-    """qwen3-0.6b's decode (32 heads of 64 pairs, K 1024): 128 programs of 2 rounds of 128; a verify's tl.dot
-    tiles keep 3 rounds in flight (float32: 3 × 64 KB of shared memory at most)."""
+    """qwen3-0.6b's decode (32 heads of 64 pairs, K 1024): 256 programs of one round of 128; a verify's tl.dot
+    tiles split K in 2 (64 programs, as llama's) and keep 3 rounds of 64 in flight (float32: 3 × 32 KB of shared
+    memory)."""
     from kerneltriage.kernels.fused_layer import _head_tiles
 
     decode, verify = _head_tiles(1, 32, 64, 1024), _head_tiles(16, 32, 64, 1024)
-    assert (decode.bn, decode.bk, decode.rounds, decode.splits, decode.grid(32 * 64)) == (64, 128, 2, 4, (32, 4))
-    assert (verify.bn, verify.bk, verify.stages) == (64, 64, 3) and verify.grid(32 * 64)[0] == 32
+    assert (decode.bn, decode.bk, decode.rounds, decode.splits, decode.grid(32 * 64)) == (64, 128, 1, 8, (32, 8))
+    assert (verify.bn, verify.bk, verify.rounds, verify.stages, verify.grid(32 * 64)) == (64, 64, 8, 3, (32, 2))
 
 
 def test_greedy_tokens_and_counts_through_the_model() -> None:
@@ -235,10 +238,11 @@ FP32, I64, I32 = ("m_ptr", "l_ptr", "acc_ptr", "ws_ptr"), ("ids_ptr",), ("sem_pt
 # a decode row (CUDA-core sums), a k = 15 verify (tl.dot, K rounds pipelined), the same with K split in 3 (the
 # attention kernels do not depend on the GEMV tiles: built once per row count); then qwen3-0.6b's q/k/v with its
 # per-head norms, one head per program, K split (a decode row and a verify)
+SPLIT = f.SPLIT_PROGRAMS
 for pdl, rows, programs in ((pdl, rows, programs) for pdl in (False, True)
                             for rows, programs in ((1, 0), (16, 0), (16, 100), (1, -1), (16, -1))):
-    f.SPLIT_PROGRAMS = max(programs, 0)
     heads = programs < 0
+    f.SPLIT_PROGRAMS = SPLIT if heads else programs
     t = f._head_tiles(rows, 32, 64, 1024) if heads else f._tiles(rows, 576, 576)
     assert (t.splits > 1) == bool(programs)
     consts_all = {"T": rows, "ROWS": t.rows, "G": 3, "RP": 64, "DP": 64, "SP": 4, "BN": t.bn, "BK": t.bk,

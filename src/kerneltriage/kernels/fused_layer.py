@@ -38,8 +38,10 @@ DOT_STAGES = 8  # with this many rounds of K in flight (Triton's software pipeli
 DOT_WARPS = 4  # warps per tl.dot program: 1 / 2 / 8 made a 16-row verify 4–32% slower (H200,
 # verify-kernels-smollm2-preset-h200-round1.json)
 SPLIT_PROGRAMS = 64  # a tl.dot GEMV's K split over programs until there are this many (0: never; `_k_splits`)
-HEAD_PROGRAMS = 128  # a q/k/v GEMV tiled by whole heads (per-head norms) splits K until there are this many: one head
-# per program leaves qwen3-0.6b's decode 32 programs on 132 SMs (a first guess, to be measured: `_head_tiles`)
+HEAD_ROUNDS = 1  # rounds of K per program of a decode's q/k/v GEMV tiled by whole heads (per-head norms), K split
+# over programs for the rest: one head per program alone leaves qwen3-0.6b's decode 32 programs on 132 SMs, each
+# reading K in 8 rounds one after another (1: 256 programs, one round each, as the llama tiles read K at once; a
+# choice by analogy, to be measured: `_head_tiles`)
 STAGE_BYTES = 96 * 1024  # shared memory a head tile's pipelined rounds may take (float32 weights; H200: 227 KB)
 MAX_BLOCKS = 4096  # column blocks of one split-K GEMV at most (the semaphores: `_semaphores`)
 TILE = 8192  # elements of a GEMV program's (rows, columns, K) tile per weight: registers, not shared memory
@@ -355,19 +357,17 @@ class Tiles(NamedTuple):
         return like.new_empty(blocks * splits * (2 if two else 1) * self.rows * self.bn, dtype=torch.float32)
 
 
-def _k_splits(blocks: int, rounds: int, wanted: int | None = None) -> int:
+def _k_splits(blocks: int, rounds: int) -> int:
     """How many programs share each column block's K: the fewest that divides its rounds evenly and makes
     SPLIT_PROGRAMS programs in all (the most that divides them if none does); 1 when SPLIT_PROGRAMS is 0 or
     there are more than MAX_BLOCKS blocks. On the default model (30–96 column blocks of 16 on 132 SMs, K in 9 or
     24 rounds of 64) 64 splits q/k/v and o_proj in 3 and down in 2: a graphed verify of 9 / 16 rows took 682 / 778
     µs against 754 / 816 unsplit; 128 and 256 (K 576 in 9 one-round shares) 795–832, and splitting gate/up as well
-    cost 25–30 µs more (H200, verify-tiles-smollm2-preset-h200-split.json, …-split-gemv.json). `wanted` replaces
-    SPLIT_PROGRAMS (`_head_tiles`)."""
-    wanted = SPLIT_PROGRAMS if wanted is None else wanted
-    if not wanted or blocks > MAX_BLOCKS:
+    cost 25–30 µs more (H200, verify-tiles-smollm2-preset-h200-split.json, …-split-gemv.json)."""
+    if not SPLIT_PROGRAMS or blocks > MAX_BLOCKS:
         return 1
     divisors = [d for d in range(1, rounds + 1) if rounds % d == 0]
-    return next((d for d in divisors if blocks * d >= wanted), divisors[-1])
+    return next((d for d in divisors if blocks * d >= SPLIT_PROGRAMS), divisors[-1])
 
 
 def _tiles(rows: int, n: int, k: int) -> Tiles:
@@ -391,16 +391,18 @@ def _tiles(rows: int, n: int, k: int) -> Tiles:
 
 def _head_tiles(rows: int, heads: int, half: int, k: int) -> Tiles:
     """Tiles of the q/k/v GEMV with one whole head per program (its `half` rotation pairs, a power of two), for the
-    per-head norms: K split until there are HEAD_PROGRAMS programs; a tl.dot tile (16+ rows) keeps its rounds of
-    DOT_BK, as many in flight as STAGE_BYTES holds of the two halves' float32 tiles."""
+    per-head norms. A decode's K is split until each program reads HEAD_ROUNDS rounds at most; a tl.dot tile (16+
+    rows) keeps the verify's rounds of DOT_BK and split (`_k_splits`), as many rounds in flight as STAGE_BYTES
+    holds of the two halves' float32 tiles."""
     padded = triton.next_power_of_2(rows)
     if padded >= DOT_ROWS:
         bk = min(triton.next_power_of_2(k), DOT_BK)
-        stages = max(1, min(DOT_STAGES, STAGE_BYTES // (2 * half * bk * 4)))
+        rounds, stages = triton.cdiv(k, bk), max(1, min(DOT_STAGES, STAGE_BYTES // (2 * half * bk * 4)))
+        splits = _k_splits(heads, rounds)
     else:
         bk, stages = min(triton.next_power_of_2(k), max(16, TILE // (padded * half))), 1
-    rounds = triton.cdiv(k, bk)
-    splits = _k_splits(heads, rounds, HEAD_PROGRAMS)
+        rounds = triton.cdiv(k, bk)
+        splits = next(d for d in range(1, rounds + 1) if rounds % d == 0 and rounds // d <= max(1, HEAD_ROUNDS))
     return Tiles(padded, half, bk, rounds // splits, stages, splits)
 
 
