@@ -197,3 +197,25 @@ def test_the_climb_scales_a_delete_levers_ceiling_by_what_q1_measured() -> None:
     found, _ = candidates(Config(), place, breakdowns, deletable={"sparse_v": 0.05})
     scaled = next(c for c in found if c.text == "sparse_v")
     assert scaled.ceilings["decode"] == pytest.approx(1 / (1 - 0.02)) and scaled.inside({"decode": 0.05})
+
+
+def test_in_bf16_the_metrics_judge_the_levers_in_float32_and_b_keeps_abs_precision_bound() -> None:
+    checkpoint = tiny_checkpoint("llama")
+    a = BACKEND.build(checkpoint, RunConfig(), "cpu", "bfloat16")
+    b = BACKEND.build(checkpoint, RunConfig.from_flags("sparse_v"), "cpu", "bfloat16")
+    result = equivalence.check_outputs(BACKEND, a, b)
+    assert result.reference == "float32" and result.tolerance is not None, result.detail
+    assert result.passed and "B's levers in float32" in result.detail, result.detail
+
+
+def test_a_coarse_threshold_fails_the_declared_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The metrics can fail: skipping rows that carry real weight (threshold 0.3) is caught in float32."""
+    from kerneltriage.backends.torch import sparse_v as lever
+
+    monkeypatch.setattr(lever, "THRESHOLD", 0.3)
+    checkpoint = tiny_checkpoint("llama")
+    a = BACKEND.build(checkpoint, RunConfig(), "cpu", "float32")
+    b = BACKEND.build(checkpoint, RunConfig.from_flags("sparse_v"), "cpu", "float32")
+    result = equivalence.check_outputs(BACKEND, a, b)
+    assert not result.passed and "FAILS" in result.detail, result.detail
+    assert result.quality["maxlogit<=0.1"][0] > 0.1

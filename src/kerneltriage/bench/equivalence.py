@@ -19,8 +19,8 @@ arithmetic may differ, per-op checks at the model's real shapes, and the timed r
 - Per-op checks: each seam a reordering lever replaces, against the stock op in float32 (backend.seam_errors),
   by the same factor.
 - A lever that approximates (numerics "approximates" in the lever table) is not held to any of that: it is judged
-  by the quality metrics it declares (engine/quality.py) against A, on real text (the passage every backend's
-  sparsity probe reads): teacher-forced logits over it, and a GREEDY_TOKENS greedy continuation of it; in `ab`, also
+  by the quality metrics it declares (engine/quality.py), on real text (bench/approximate.py); in bf16 those judge
+  its configuration in float32, and B itself is held to the precision bound above; in float32 `ab` also judges them
   on the timed runs' own tokens at the run's depth.
 """
 
@@ -33,15 +33,12 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from kerneltriage.bench import approximate
 from kerneltriage.bench.outputs import Outputs, digests, forced_rows, frozen
 from kerneltriage.bench.workloads import WORKLOAD_SEED, token_stream
 from kerneltriage.engine.backend import Backend, Runner
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.levers import LeverSetting
-from kerneltriage.bench.harness import GREEDY
-from kerneltriage.engine.generation import generate_step
-from kerneltriage.engine.quality import GREEDY_TOKENS, Compared, Quality
-from kerneltriage.engine.sparsity import passage_tokens
 
 DIGEST_PROMPTS = 2  # greedy digests: this many random prompts …
 DIGEST_PROMPT_TOKENS = 16  # … of this many tokens …
@@ -96,8 +93,9 @@ class Correctness:
     def passed(self) -> bool:
         if not self.checked:
             return True  # nothing shown wrong; never a win (run_ab checks every timing that wins)
-        if self.quality:  # an approximating lever: its declared metric is the whole judgement of its outputs
-            return all(holds for _, holds in self.quality.values()) and self.timed is None
+        if self.quality:  # an approximating lever: its declared metrics judge what it computes; its precision, in bf16
+            precise = self.tolerance is None or (self.logit_error is not None and self.logit_error <= self.tolerance)
+            return all(holds for _, holds in self.quality.values()) and precise and self.timed is None
         return self.logits_pass and not self.seam_failures and self.timed is None
 
     @property
@@ -105,6 +103,12 @@ class Correctness:
         if not self.checked:
             return "outputs not checked: the timing showed no win (only winners are checked)"
         same = "equal" if self.digest_a == self.digest_b else "differ"
+        parts = self._quality_parts(same) if self.quality else self._logit_parts(same)
+        if self.timed is not None:
+            parts.append(self.timed)
+        return "; ".join(parts)
+
+    def _logit_parts(self, same: str) -> list[str]:
         prompts = 1 if self.tokens == WINDOW_TOKENS else DIGEST_PROMPTS
         parts = [f"greedy digests {same} over {prompts} prompt(s) × {self.tokens} tokens"]
         if self.tolerance is None and self.logit_error is None:
@@ -118,13 +122,19 @@ class Correctness:
         if self.seams:
             failed = self.seam_failures
             parts.append("per-op " + ("FAILED: " + "; ".join(failed) if failed else f"ok ({', '.join(self.seams)})"))
-        if self.quality:
-            parts = [f"greedy continuations of the passage {same} over {self.tokens} tokens",
-                     "declared quality " + ", ".join(f"{name} = {value:.4g} ({'holds' if holds else 'FAILS'})"
-                                                     for name, (value, holds) in self.quality.items())]
-        if self.timed is not None:
-            parts.append(self.timed)
-        return "; ".join(parts)
+        return parts
+
+    def _quality_parts(self, same: str) -> list[str]:
+        """An approximating lever's: its declared metrics (in float32 where B is not) and, in bf16, B's precision."""
+        where = "" if self.reference == "A" else " (B's levers in float32 against stock float32)"
+        metrics = ", ".join(f"{name} = {value:.4g} ({'holds' if holds else 'FAILS'})"
+                            for name, (value, holds) in self.quality.items())
+        parts = [f"greedy continuations of the passage {same} over {self.tokens} tokens",
+                 f"declared quality{where} {metrics}"]
+        if self.tolerance is not None:
+            parts.append(f"precision against float32: B {self.logit_error:.1e}, A {self.error_a:.1e} (tolerance "
+                         f"{self.tolerance:.1e})")
+        return parts
 
 
 def relative_error(rows: np.ndarray, reference: np.ndarray) -> float:
@@ -210,58 +220,24 @@ def seam_checks(backend: Backend, b: Runner) -> dict[str, tuple[float, float, fl
             for seam, (error_b, error_a) in backend.seam_errors(b).items()}
 
 
-def declared_quality(runner: Runner) -> list[Quality]:
-    """The metrics the runner's approximating levers declare (a lever declares them exactly when it approximates:
-    levers.Lever checks it), each once."""
-    texts = [s.lever.quality for s in runner.run_config.levers if s.lever.quality is not None]
-    found = {q.text: q for text in texts for q in Quality.parse_all(text)}
-    return list(found.values())
-
-
-def _targets(fed: Sequence[Sequence[int]], count: int) -> np.ndarray:
-    """(prompts × count,) the token fed after each teacher-forced row; -1 after a prompt's last row."""
-    return np.concatenate([np.array(list(tokens)[: count - 1] + [-1] * (count - min(len(tokens), count - 1)))
-                           for tokens in fed])
-
-
-def judge_quality(a: Runner, b: Runner, prompts: Sequence[Sequence[int]], count: int,
-                  fed: Sequence[Sequence[int]], greedy: tuple[Sequence[int], Sequence[int]] | None = None
-                  ) -> dict[str, tuple[float, bool]]:
-    """Each approximating lever's declared metrics: B's teacher-forced logits against A's on the tokens `fed`, and
-    `greedy`, the two sides' free-running continuations (None: GREEDY_TOKENS of each after the first prompt)."""
-    declared = declared_quality(b)
-    if not declared:
-        return {}
-    (ref, given), (rows, _) = forced_rows(a, prompts, count, fed), forced_rows(b, prompts, count, fed)
-    if greedy is None and any(q.free_running for q in declared):
-        greedy = greedy_runs(a, b, prompts[0])
-    seen = Compared(ref, rows, _targets(given, count), greedy)
-    return {q.text: (value, q.holds(value)) for q in declared for value in [q.measure(seen)]}
-
-
-def greedy_runs(a: Runner, b: Runner, prompt: Sequence[int]) -> tuple[list[int], list[int]]:
-    """GREEDY_TOKENS greedy tokens of each side after `prompt` (as many as the context allows)."""
-    count = min(GREEDY_TOKENS, a.config.max_context - len(prompt) - 1)
-    return tuple(list(generate_step(r, prompt, GREEDY, count)) for r in (a, b))  # type: ignore[return-value]
-
-
-def quality_outputs(a: Runner, b: Runner, kept: Outputs | None = None) -> Correctness:
-    """An approximating B, judged on real text: its declared metrics teacher-forced over the whole passage
-    (engine/passage.py: the fixed text every backend reads) against A's, and the greedy continuation of the passage
-    (GREEDY_TOKENS) — which is also the digest. Real text, because what such a lever drops depends on what the
-    model attends to (a real model's attention on random tokens is not its attention on text)."""
-    text = passage_tokens(a)[: a.config.max_context // 2]  # half the context: room for the continuation
-    count = min(GREEDY_TOKENS, a.config.max_context - len(text) - 1)
-    (digest_a, tokens_a), (digest_b, tokens_b) = digests(a, b, [text], count, kept)
-    quality = judge_quality(a, b, [text[:1]], len(text), [text[1:]], (tokens_a[0], tokens_b[0]))
-    return Correctness(digest_a, digest_b, count, quality=quality)
+def quality_outputs(backend: Backend, a: Runner, b: Runner, kept: Outputs | None = None) -> Correctness:
+    """An approximating B (bench/approximate.py): its declared metrics over the passage and its greedy continuation —
+    against A in float32; else B's configuration in float32 against stock float32, and B's precision by ab's bound."""
+    (digest_a, tokens_a), (digest_b, tokens_b), count = approximate.passage_digests(a, b, kept)
+    if a.dtype == "float32":
+        quality = approximate.on_passage(a, b, (tokens_a[0], tokens_b[0]))
+        return Correctness(digest_a, digest_b, count, quality=quality)
+    quality = approximate.in_float32(backend, b)
+    text, _ = approximate.passage(a)
+    judged = judge_logits(backend, a, b, [text], count, True, tokens_a, kept, semantic=False)
+    return Correctness(digest_a, digest_b, count, **judged, quality=quality)
 
 
 def check_outputs(backend: Backend, a: Runner, b: Runner, kept: Outputs | None = None) -> Correctness:
     """Correctness before speed: digests, then logits where they may differ (or do), then the per-op checks — or,
     for a lever that approximates, its declared quality metric. `kept`: outputs computed by earlier checks, reused."""
-    if declared_quality(b):
-        return quality_outputs(a, b, kept)
+    if approximate.declared_quality(b):
+        return quality_outputs(backend, a, b, kept)
     parts: dict[str, float] = {}
     prompts, count = digest_prompts(a, b)
     with _timed(parts, "digests"):
@@ -307,10 +283,14 @@ def check_timed(backend: Backend, a: Runner, b: Runner, prefix: Sequence[int], t
     where = f"the timed runs' tokens differ from position {first} of {len(tokens_a)}"
     if not tolerant(a, b):
         return where
-    quality = judge_quality(a, b, [list(prefix)], len(tokens_a), [list(tokens_a)], (tokens_a, tokens_b))
-    if quality:
-        failed = [f"{name} = {value:.4g}" for name, (value, holds) in quality.items() if not holds]
-        return f"{where}, declared quality fails: {', '.join(failed)}" if failed else None
+    if approximate.declared_quality(b):
+        if a.dtype != "float32":  # its metrics were judged in float32 (quality_outputs): here B's precision only
+            semantic = False
+        else:
+            quality = approximate.judge_quality(a, b, [list(prefix)], len(tokens_a), [list(tokens_a)],
+                                                (tokens_a, tokens_b))
+            failed = [f"{name} = {value:.4g}" for name, (value, holds) in quality.items() if not holds]
+            return f"{where}, declared quality fails: {', '.join(failed)}" if failed else None
     judged = judge_logits(backend, a, b, [list(prefix)], len(tokens_a), True, [list(tokens_a)], kept, semantic)
     if judged["logit_error"] <= judged["tolerance"] and (judged.get("semantic_error") or 0.0) <= LOGIT_RTOL:
         return None

@@ -23,6 +23,8 @@ from kerneltriage.backends.torch.models.llama import SDPA, SdpaFn
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.engine.sparsity import SPARSE_THRESHOLD
 
+THRESHOLD = SPARSE_THRESHOLD  # the weight below which a V row is skipped (the one Q1's probe counts)
+
 
 def sparse_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                   threshold: float = SPARSE_THRESHOLD) -> tuple[torch.Tensor, int]:
@@ -33,7 +35,8 @@ def sparse_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     groups = heads // kv_heads
     folded = q.reshape(batch * kv_heads, groups, dim)  # (B·Hkv, G, D): query head j·G + i → KV head j
     keys, values = k.flatten(0, 1), v.flatten(0, 1)  # (B·Hkv, S, D)
-    scores = (folded @ keys.transpose(1, 2)).float() / math.sqrt(dim)  # (B·Hkv, G, S)
+    # in float32, as a fused kernel accumulates: bf16 scores of ~10 would move each weight by ~4%
+    scores = (folded.float() @ keys.float().transpose(1, 2)) / math.sqrt(dim)  # (B·Hkv, G, S)
     if mask is not None:
         scores = scores.masked_fill(~mask[-1], float("-inf"))
     weights = scores.softmax(-1)
@@ -45,7 +48,7 @@ def sparse_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
 
 
 def sparse_v(runner: Runner, value: str | None = None) -> None:
-    """delete, approximate: decode steps' attention skips the V rows whose weights are all below SPARSE_THRESHOLD
+    """delete, approximate: decode steps' attention skips the V rows whose weights are all below THRESHOLD
     (prefill and multi-row verifies keep the stock path). Counts its runs, and the V rows read and skipped."""
     inner = runner.model.attention
 
@@ -53,7 +56,7 @@ def sparse_v(runner: Runner, value: str | None = None) -> None:
         if q.shape[2] != 1 or (pos.mask is None and pos.start == 0):
             return inner(q, k, v, pos, sdpa=sdpa)
         counting.ran(runner, "sparse_v")
-        out, read = sparse_decode(q, k, v, pos.mask)
+        out, read = sparse_decode(q, k, v, pos.mask, THRESHOLD)
         visible = k.shape[1] * (k.shape[2] if pos.mask is None else int(pos.mask[-1].sum()))
         runner.counters["sparse_v.rows_read"] += read
         runner.counters["sparse_v.rows_skipped"] += visible - read
