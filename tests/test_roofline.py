@@ -30,8 +30,9 @@ def test_parameter_count_equals_the_torch_model(arch: str) -> None:
     assert roofline.param_counts(model.config).total == sum(p.numel() for p in model.parameters())
 
 
-def test_llama3_8b_has_its_published_parameter_count() -> None:
+def test_presets_have_their_published_parameter_counts() -> None:
     assert roofline.param_counts(PRESETS["llama3-8b"]).total == 8_030_261_248
+    assert roofline.param_counts(PRESETS["qwen2.5-0.5b"]).total == 494_032_768  # Qwen2.5-0.5B's model card
 
 
 def test_kv_bytes() -> None:

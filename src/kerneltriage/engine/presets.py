@@ -19,6 +19,12 @@ PRESETS: dict[str, ModelConfig] = {
         num_heads=16, num_kv_heads=8, head_dim=128, max_context=40960, rope_theta=1000000.0,
         rms_eps=1e-6, tie_embeddings=True, qk_norm=True, name="qwen3-0.6b", random_weights=True,
     ),
+    # Qwen2.5-0.5B shapes: biases on q, k and v (qwen2); 14 query heads on 2 KV heads.
+    "qwen2.5-0.5b": ModelConfig(
+        arch="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
+        num_heads=14, num_kv_heads=2, head_dim=64, max_context=32768, rope_theta=1000000.0,
+        rms_eps=1e-6, tie_embeddings=True, attention_bias=True, name="qwen2.5-0.5b", random_weights=True,
+    ),
     # Llama-3.1-8B shapes, including its rope scaling.
     "llama3-8b": ModelConfig(
         arch="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
