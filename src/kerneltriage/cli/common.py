@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.engine.fetch import PUBLISHED
 from kerneltriage.engine.levers import help_table
 from kerneltriage.engine.speculative.config import AUTO_MAX_DEPTH, MAX_DEPTH, PADDED_MAX_DEPTH, SPEC_HELP
 
@@ -33,7 +34,8 @@ LEVERS_HELP = ("levers (--levers a,b; each applied from outside the model):\n" +
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """--model/--backend/--device/--dtype: which weights, run where and how."""
     add = parser.add_argument
-    add("--model", default="default", help="default | preset | FILE.gguf | HF folder (default: %(default)s)")
+    add("--model", default="default", help=f"{' | '.join(PUBLISHED)} | preset | FILE.gguf | HF folder "
+        "(default: %(default)s)")
     add("--backend", default="auto", help="auto | torch | mlx (default: auto = mlx on a Mac, torch elsewhere)")
     add("--device", default="auto", help="auto | cuda | cuda:N | cpu; mlx: gpu | metal | cuda | cpu "
                                         "(default: auto = the GPU if visible)")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.backend import backend_name
+from kerneltriage.engine.fetch import PUBLISHED
 from kerneltriage.engine.memory import DTYPE_NAMES
 from kerneltriage.engine.presets import PRESETS
 
@@ -40,7 +41,7 @@ def check_model_spec(spec: str, label: str | None = None) -> None:
     """`spec` names the default model, a preset, a GGUF file or a Hugging Face folder; `label` is how messages
     name it (default `--model 'SPEC'`)."""
     label = label or f"--model {spec!r}"
-    if spec == DEFAULT_MODEL or spec in PRESETS:
+    if spec == DEFAULT_MODEL or spec in PRESETS or spec in PUBLISHED:
         return
     path = Path(spec).expanduser()
     if spec.strip() and path.is_dir():
@@ -53,8 +54,9 @@ def check_model_spec(spec: str, label: str | None = None) -> None:
         return
     if path.suffix == ".gguf":
         raise InputError(f"{label}: model file {path}: not found")
-    raise InputError(f"{label}: expected 'default', a preset ({', '.join(PRESETS)}), a .gguf file or a Hugging "
-                     "Face folder with config.json")
+    published = ", ".join(name for name in PUBLISHED if name != DEFAULT_MODEL)
+    raise InputError(f"{label}: expected 'default', a preset ({', '.join(PRESETS)}), a published model "
+                     f"({published}), a .gguf file or a Hugging Face folder with config.json")
 
 
 def check_speculation(speculation: Speculation | None) -> None:

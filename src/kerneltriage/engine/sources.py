@@ -1,4 +1,5 @@
-"""Resolve `--model` (default | preset name | GGUF file | HF safetensors folder) into a Checkpoint."""
+"""Resolve `--model` (default | a published model | preset name | GGUF file | HF safetensors folder) into a
+Checkpoint."""
 
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ def load_checkpoint(spec: str = DEFAULT, label: str | None = None) -> Checkpoint
     check_model_spec(spec, label)
     if spec in PRESETS:
         return _from_preset(spec)
-    if spec == DEFAULT:
-        from kerneltriage.engine.fetch import default_model_path
+    from kerneltriage.engine.fetch import PUBLISHED, published_model_path
 
-        path = default_model_path()
+    if spec in PUBLISHED:  # default among them
+        path = published_model_path(PUBLISHED[spec])
     else:
         path = Path(spec).expanduser()
     with _naming(path):
