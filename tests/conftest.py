@@ -57,11 +57,13 @@ def frozen_heap() -> None:
 
 
 def tiny_config(arch: str, **changes: object) -> ModelConfig:
-    """A 2-layer model of `arch` with GQA; llama gets Llama-3 rope scaling, qwen3 a head_dim ≠ hidden/heads."""
+    """A 2-layer model of `arch` with GQA; llama gets Llama-3 rope scaling, qwen3 a head_dim ≠ hidden/heads, gemma3 a
+    sliding first layer whose window (8) the tests' sequences pass, a query scale ≠ head_dim's, capped logits and an
+    untied head (tied to its embedding scaled by sqrt(hidden), random weights repeat the last token)."""
     base = dict(
         arch=arch, vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
         num_kv_heads=2, head_dim=16, max_context=128, rope_theta=10000.0, rms_eps=1e-6,
-        tie_embeddings=arch != "llama", attention_bias=ARCHITECTURES[arch].attention_bias,
+        tie_embeddings=arch in ("qwen2", "qwen3"), attention_bias=ARCHITECTURES[arch].attention_bias,
         qk_norm=ARCHITECTURES[arch].qk_norm,
         eos_token_ids=(), name=f"tiny-{arch}", random_weights=False,
     )
@@ -69,6 +71,9 @@ def tiny_config(arch: str, **changes: object) -> ModelConfig:
         base["rope_scaling"] = RopeScaling(4.0, 1.0, 4.0, 32)
     if arch == "qwen3":
         base["head_dim"] = 32
+    if arch == "gemma3":
+        base |= dict(sliding_window=8, sliding_pattern=2, rope_local_theta=100.0, query_pre_attn_scalar=24,
+                     final_logit_softcapping=20.0)
     base.update(changes)
     return ModelConfig(**base)
 
@@ -84,18 +89,23 @@ def tiny_tensors(config: ModelConfig, seed: int = 0) -> dict[str, RawTensor]:
     def tensor(*shape: int, scale: float = WEIGHT_STD, center: float = 0.0) -> RawTensor:
         return RawTensor("F32", shape, (center + scale * rng.standard_normal(shape)).astype(np.float32))
 
-    tensors = {"embed": tensor(config.vocab_size, h), "norm": tensor(h, scale=0.1, center=1.0)}
+    record = config.architecture
+    norm = 1.0 - record.norm_offset  # Gemma's norms scale by 1 + w: w near 0
+
+    tensors = {"embed": tensor(config.vocab_size, h), "norm": tensor(h, scale=0.1, center=norm)}
     if not config.tie_embeddings:
         tensors["lm_head"] = tensor(config.vocab_size, h)
     for i in range(config.num_layers):
-        layer = {"attn_norm": tensor(h, scale=0.1, center=1.0), "mlp_norm": tensor(h, scale=0.1, center=1.0),
+        layer = {"attn_norm": tensor(h, scale=0.1, center=norm), "mlp_norm": tensor(h, scale=0.1, center=norm),
                  "q": tensor(q, h), "k": tensor(kv, h), "v": tensor(kv, h), "o": tensor(h, q),
                  "gate": tensor(config.intermediate_size, h), "up": tensor(config.intermediate_size, h),
                  "down": tensor(h, config.intermediate_size)}
         if config.attention_bias:
             layer |= {"q_bias": tensor(q, scale=0.1), "k_bias": tensor(kv, scale=0.1), "v_bias": tensor(kv, scale=0.1)}
         if config.qk_norm:
-            layer |= {"q_norm": tensor(d, scale=0.1, center=1.0), "k_norm": tensor(d, scale=0.1, center=1.0)}
+            layer |= {"q_norm": tensor(d, scale=0.1, center=norm), "k_norm": tensor(d, scale=0.1, center=norm)}
+        if record.sandwich_norms:
+            layer |= {name: tensor(h, scale=0.1, center=norm) for name in ("attn_post_norm", "mlp_post_norm")}
         tensors |= {f"layers.{i}.{name}": t for name, t in layer.items()}
     return tensors
 

@@ -11,6 +11,7 @@ import torch
 from conftest import ARCHS, tiny_checkpoint, tiny_config, tiny_runner
 from kerneltriage.backends.torch.models import MODELS, llama, model_class, qwen2, qwen3
 from kerneltriage.engine import names
+from kerneltriage.engine.architectures import ARCHITECTURES
 from kerneltriage.engine.checkpoint import Checkpoint, RawTensor
 from kerneltriage.engine.generation import generate_step
 from kerneltriage.engine.sampling import SamplingParams
@@ -23,8 +24,10 @@ def test_every_architecture_has_its_model_file() -> None:
         model = tiny_runner(arch).model
         assert type(model) is MODELS[arch] and isinstance(model, llama.Model)
         attention = model.layers[0].self_attn
-        assert (attention.q_proj.bias is not None) == (arch == "qwen2")
-        assert hasattr(attention, "q_norm") == hasattr(attention, "k_norm") == (arch == "qwen3")
+        record = ARCHITECTURES[arch]
+        assert (attention.q_proj.bias is not None) == record.attention_bias
+        assert hasattr(attention, "q_norm") == hasattr(attention, "k_norm") == record.qk_norm
+        assert hasattr(model.layers[0], "post_feedforward_layernorm") == record.sandwich_norms
 
 
 def test_the_cache_takes_its_shape_from_the_attention_layers() -> None:
@@ -87,13 +90,18 @@ def test_trim_rejects_growing_the_cache() -> None:
         cache.trim(3)
 
 
+GEMMA_KEYS = ("sliding_window", "layer_types", "rope_local_base_freq", "query_pre_attn_scalar",
+              "final_logit_softcapping")
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_logits_match_hugging_face(arch: str) -> None:
     """Same weights through HF names → our names → our model, against transformers' implementation."""
     import transformers  # a dependency of the project: its absence is a failure, not a skip
     config = tiny_config(arch)
+    gemma = {key: value for key, value in config.to_hf().items() if key in GEMMA_KEYS}
     hf_config = transformers.AutoConfig.for_model(
-        model_type=arch, vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+        model_type=ARCHITECTURES[arch].hf_model_type, vocab_size=config.vocab_size, hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size, num_hidden_layers=config.num_layers,
         num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads, head_dim=config.head_dim,
         max_position_embeddings=config.max_context, rope_theta=config.rope_theta, rms_norm_eps=config.rms_eps,
@@ -101,6 +109,7 @@ def test_logits_match_hugging_face(arch: str) -> None:
         rope_scaling=None if config.rope_scaling is None else dict(
             rope_type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0,
             original_max_position_embeddings=32),
+        **gemma,
     )
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(hf_config).eval()
@@ -109,7 +118,7 @@ def test_logits_match_hugging_face(arch: str) -> None:
             param.normal_(0, 0.1)
     tensors = {}
     for name, value in hf.state_dict().items():
-        internal = names.to_internal(name, names.HF)
+        internal = names.to_internal(name, names.HF, arch)
         if internal is not None:
             tensors[internal] = RawTensor("F32", tuple(value.shape), value.numpy())
     from kerneltriage.backends.torch.backend import build_runner

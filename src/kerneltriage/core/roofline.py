@@ -62,6 +62,9 @@ class ModelShape(Protocol):
     @property
     def qk_norm(self) -> bool: ...
 
+    @property
+    def norms_per_layer(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class Ceilings:
@@ -129,11 +132,12 @@ class Floor:
 
 
 def param_counts(config: ModelShape) -> ParamCounts:
-    """Parameters of a Llama-family model (llama, qwen2 with q/k/v biases, qwen3 with q/k norms)."""
+    """Parameters of a Llama-family model (llama, qwen2 with q/k/v biases, qwen3 with q/k norms, gemma3 with both
+    those and two more norms a layer)."""
     h, q, kv = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     attention = h * q + 2 * h * kv + q * h  # q, k, v, o projections
     mlp = 3 * h * config.intermediate_size  # gate, up, down
-    extras = 2 * h  # the two RMSNorms
+    extras = config.norms_per_layer * h  # two RMSNorms (Gemma-3: four)
     extras += (q + 2 * kv) if config.attention_bias else 0
     extras += 2 * config.head_dim if config.qk_norm else 0
     matrix = config.vocab_size * h

@@ -61,7 +61,7 @@ class Checkpoint:
         parameter left unfilled is an InputError naming it, before anything is copied."""
         placed = {}
         for internal, raw in self.tensors.items():
-            name = param_name(internal)
+            name = param_name(internal, self.config.arch)
             if name is None:
                 continue
             if name not in expected and internal == "lm_head" and self.config.tie_embeddings:

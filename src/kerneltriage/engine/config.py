@@ -57,6 +57,13 @@ class ModelConfig:
     attention_bias: bool = False  # qwen2: biases on q/k/v projections
     qk_norm: bool = False  # qwen3: RMSNorm on q and k per head
     rope_scaling: RopeScaling | None = None
+    # gemma3: every sliding_pattern-th layer global, the others attending over the last sliding_window positions
+    # (their own included), rotated with base rope_local_theta
+    sliding_window: int | None = None
+    sliding_pattern: int = 0
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: int | None = None  # attention scores scaled by its -1/2 power (None: head_dim's)
+    final_logit_softcapping: float | None = None  # logits = c·tanh(logits / c) (None: uncapped)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     name: str = ""
@@ -76,11 +83,26 @@ class ModelConfig:
             raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim}: rotary embedding needs an even head_dim")
-        for attr in ("rope_theta", "rms_eps"):
+        for attr in ("rope_theta", "rms_eps", "rope_local_theta", "query_pre_attn_scalar", "final_logit_softcapping"):
             value = getattr(self, attr)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            optional = attr not in ("rope_theta", "rms_eps")
+            if (value is not None or not optional) and (
+                    not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0):
                 raise ValueError(f"{attr}={value!r}: expected a finite positive number")
+        self._check_sliding()
         self._check_token_ids()
+
+    def _check_sliding(self) -> None:
+        window, pattern = self.sliding_window, self.sliding_pattern
+        if window is not None and (not is_int(window) or window <= 0):
+            raise ValueError(f"sliding_window={window!r}: expected a positive integer")
+        if not is_int(pattern) or pattern < 0 or (pattern > 0) != (window is not None):
+            raise ValueError(f"sliding_pattern={pattern!r}: expected a positive integer with a sliding_window "
+                             f"({window!r}), else 0")
+
+    def sliding(self, layer: int) -> bool:
+        """Layer `layer` attends over a sliding window (every sliding_pattern-th layer attends globally)."""
+        return self.sliding_window is not None and (layer + 1) % self.sliding_pattern != 0
 
     def _check_token_ids(self) -> None:
         for tok in (*self.eos_token_ids, *(() if self.bos_token_id is None else (self.bos_token_id,))):
@@ -91,6 +113,11 @@ class ModelConfig:
     def architecture(self) -> Architecture:
         """What this architecture is (engine/architectures.py)."""
         return architectures.ARCHITECTURES[self.arch]
+
+    @property
+    def norms_per_layer(self) -> int:
+        """RMSNorms over the hidden state in each layer: before attention and MLP (Gemma-3: after each too)."""
+        return 4 if self.architecture.sandwich_norms else 2
 
     @property
     def q_size(self) -> int:
@@ -128,12 +155,12 @@ class ModelConfig:
             intermediate_size=read.size("intermediate_size"), num_layers=read.size("num_hidden_layers"),
             num_heads=heads, num_kv_heads=read.size("num_key_value_heads", heads),
             head_dim=read.size("head_dim", hidden // heads), max_context=read.size("max_position_embeddings", 4096),
-            rope_theta=read.number("rope_theta", (read.mapping("rope_parameters") or {}).get("rope_theta", 10000.0)),
+            rope_theta=read.number("rope_theta", _hf_rope_parameters(read, "full_attention").get("rope_theta", 1e4)),
             rms_eps=read.number("rms_norm_eps", 1e-5),
             tie_embeddings=read.flag("tie_word_embeddings", record.tie_embeddings),
             attention_bias=record.attention_bias or read.flag("attention_bias"), qk_norm=record.qk_norm,
             rope_scaling=_hf_rope_scaling(read), bos_token_id=read.token("bos_token_id"),
-            eos_token_ids=read.tokens("eos_token_id"), name=name,
+            eos_token_ids=read.tokens("eos_token_id"), name=name, **_hf_sliding(read, record),
         )
 
     def to_hf(self) -> dict[str, Any]:
@@ -147,7 +174,18 @@ class ModelConfig:
               "max_position_embeddings": self.max_context, "rope_theta": self.rope_theta, "rms_norm_eps": self.rms_eps,
               "tie_word_embeddings": self.tie_embeddings, "attention_bias": self.attention_bias,
               "bos_token_id": self.bos_token_id, "eos_token_id": list(self.eos_token_ids)}
-        return hf | ({} if self.rope_scaling is None else {"rope_scaling": self.rope_scaling.to_hf()})
+        hf |= {} if self.rope_scaling is None else {"rope_scaling": self.rope_scaling.to_hf()}
+        return hf | self._hf_sliding()
+
+    def _hf_sliding(self) -> dict[str, Any]:
+        """Gemma-3's keys, as its config.json spells them (`layer_types` derived: transformers reads it first)."""
+        if self.sliding_window is None:
+            return {}
+        types = ["sliding_attention" if self.sliding(i) else "full_attention" for i in range(self.num_layers)]
+        return {"sliding_window": self.sliding_window, "sliding_window_pattern": self.sliding_pattern,
+                "layer_types": types, "rope_local_base_freq": self.rope_local_theta,
+                "query_pre_attn_scalar": self.query_pre_attn_scalar,
+                "final_logit_softcapping": self.final_logit_softcapping}
 
     @classmethod
     def from_gguf(cls, meta: Mapping[str, Any], has_output_tensor: bool, name: str = "") -> "ModelConfig":
@@ -175,7 +213,7 @@ class ModelConfig:
             rms_eps=read.number("attention.layer_norm_rms_epsilon"), tie_embeddings=not has_output_tensor,
             attention_bias=record.attention_bias, qk_norm=record.qk_norm,
             bos_token_id=global_read.token("tokenizer.ggml.bos_token_id"),
-            eos_token_ids=() if eos is None else (eos,), name=name,
+            eos_token_ids=() if eos is None else (eos,), name=name, **_gguf_sliding(read, record),
         )
 
 
@@ -185,6 +223,54 @@ def _build(what: str, **fields: Any) -> ModelConfig:
         return ModelConfig(**fields)
     except ValueError as exc:
         raise InputError(f"{what}: {exc}") from None
+
+
+def _gguf_sliding(read: SettingsReader, record: Architecture) -> dict[str, Any]:
+    """Gemma-3's sliding layers from GGUF metadata: the window is a key, the pattern and the local RoPE base are
+    what llama.cpp assumes (the record's), the query scale head_dim's (llama.cpp's for every size but 27B's)."""
+    if not record.sliding_pattern:
+        return {}
+    return {"sliding_window": read.size("attention.sliding_window"), "sliding_pattern": record.sliding_pattern,
+            "rope_local_theta": record.rope_local_theta,
+            "query_pre_attn_scalar": read.size("attention.key_length"),
+            "final_logit_softcapping": read.optional_number("final_logit_softcapping")}
+
+
+def _hf_sliding(read: SettingsReader, record: Architecture) -> dict[str, Any]:
+    """Gemma-3's sliding layers from config.json (`layer_types` wins over `sliding_window_pattern`, as in
+    transformers); attention soft-capping is refused: SDPA has no place for it."""
+    if not record.sliding_pattern:
+        return {}
+    if read.optional_number("attn_logit_softcapping") is not None:
+        raise InputError("config.json attn_logit_softcapping: attention soft-capping is not supported (expected null)")
+    heads, hidden = read.size("num_attention_heads"), read.size("hidden_size")
+    local = _hf_rope_parameters(read, "sliding_attention")
+    return {"sliding_window": read.size("sliding_window", 4096),
+            "sliding_pattern": _hf_pattern(read, record.sliding_pattern),
+            "rope_local_theta": read.number("rope_local_base_freq", local.get("rope_theta", record.rope_local_theta)),
+            "query_pre_attn_scalar": read.size("query_pre_attn_scalar", read.size("head_dim", hidden // heads)),
+            "final_logit_softcapping": read.optional_number("final_logit_softcapping")}
+
+
+def _hf_rope_parameters(read: SettingsReader, layer_type: str) -> Mapping[str, Any]:
+    """`rope_parameters` (transformers 5), flat or (Gemma-3) one entry per layer type: that of `layer_type`."""
+    rope = read.mapping("rope_parameters") or {}
+    nested = rope.get(layer_type)
+    return nested if isinstance(nested, Mapping) else rope
+
+
+def _hf_pattern(read: SettingsReader, default: int) -> int:
+    """The global-layer period: from `layer_types` (which must repeat one), else `sliding_window_pattern`."""
+    types = read.data.get("layer_types")
+    if types is None:
+        return int(read.size("sliding_window_pattern", default))
+    if not isinstance(types, list) or not types:
+        raise InputError(f"config.json layer_types={types!r}: expected a list of attention types")
+    period = types.index("full_attention") + 1 if "full_attention" in types else len(types) + 1
+    expected = ["sliding_attention" if (i + 1) % period else "full_attention" for i in range(len(types))]
+    if types != expected:
+        raise InputError(f"config.json layer_types: expected every Nth layer full_attention, got {types}")
+    return period
 
 
 def _hf_rope_scaling(read: SettingsReader) -> RopeScaling | None:

@@ -46,18 +46,29 @@ def read_gguf(path: Path) -> GGUFContents:
 
 
 def gguf_to_internal(contents: GGUFContents, config: ModelConfig) -> dict[str, RawTensor]:
-    """Rename tensors to internal names (dropping ones we don't use) and undo llama's Q/K permutation."""
+    """Rename tensors to internal names (dropping ones we don't use), undo llama's Q/K permutation and take back
+    the offset llama.cpp's converter added to Gemma's norm weights (internal ones are HF's)."""
     out: dict[str, RawTensor] = {}
+    offset = config.architecture.norm_offset
     for name, raw in contents.tensors.items():
         internal = names.to_internal(name, names.GGUF)
         if internal is None:
             continue
+        if offset and internal.endswith("norm"):
+            raw = _unshifted(name, raw, offset)
         heads_attr = _PERMUTED_HEADS.get(internal.split(".", 2)[-1])
         # Only architectures llama.cpp rotates in adjacent pairs were permuted; NeoX ones are stored as in HF.
         if config.architecture.gguf_permuted_qk and heads_attr is not None:
             raw = RawTensor(raw.qtype, raw.shape, names.gguf_unpermute_rows(raw.data, getattr(config, heads_attr)))
         out[internal] = raw
     return out
+
+
+def _unshifted(name: str, raw: RawTensor, offset: float) -> RawTensor:
+    """A norm's weight w from the stored offset + w (float32, as transformers' reader takes it back)."""
+    if raw.qtype not in _FLOAT_DTYPES or raw.qtype == "BF16":
+        raise InputError(f"tensor {name!r}: a norm weight of type {raw.qtype}; expected F32 or F16")
+    return RawTensor("F32", raw.shape, raw.data.astype(np.float32) - np.float32(offset))
 
 
 def _check_magic(path: Path) -> None:

@@ -124,7 +124,8 @@ TABLE: tuple[Lever, ...] = (
     Lever("packed_gate_up", "dispatch", "model", "gate and up from one matmul instead of two", numerics="reorders",
           seams=("gate_up",), backends=BOTH, devices=DEVICES),
     Lever("fused_norm", "fast-path", "model", "RMSNorm as one fused F.rms_norm call with its weight",
-          numerics="reorders", seams=("norm",)),
+          numerics="reorders", seams=("norm",),
+          architectures=("llama", "qwen2", "qwen3")),  # Gemma's norms scale by 1 + w, not by F.rms_norm's w
     Lever("sdpa_fold", "fast-path", "model", "one-token decode attention with each KV head's query heads folded "
           "into one block: no backend needs GQA support (efficient attention refuses it)", phases=("decode",),
           numerics="reorders", seams=("attn.decode",), gated=True),

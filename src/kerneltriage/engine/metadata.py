@@ -59,6 +59,10 @@ class SettingsReader:
             raise self._bad(key, value, "a finite positive number")
         return float(value)
 
+    def optional_number(self, key: str) -> float | None:
+        """A finite positive number, or None when absent or null."""
+        return None if self._get(key, None) is None else self.number(key)
+
     def token(self, key: str) -> int | None:
         """A token id (a non-negative integer), or None when absent."""
         value = self._get(key, None)

@@ -1,14 +1,20 @@
 """Explicit tensor-name maps: GGUF ↔ Hugging Face ↔ internal, and the GGUF rotary permutation.
 
 Internal names are short and framework-free: `embed`, `norm`, `lm_head`, `rope_freqs`, and per layer
-`layers.{i}.{attn_norm,q,k,v,o,q_bias,k_bias,v_bias,q_norm,k_norm,mlp_norm,gate,up,down}`.
+`layers.{i}.{attn_norm,q,k,v,o,q_bias,k_bias,v_bias,q_norm,k_norm,mlp_norm,gate,up,down}`, and Gemma-3's
+`attn_post_norm` and `mlp_post_norm`. HF spells a few of them per architecture (`Architecture.hf_names`: Gemma-3's
+`post_attention_layernorm` is the attention's output norm, llama's the MLP's input norm); a backend's parameter path
+is the HF name of its architecture without `model.`.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
+
+from kerneltriage.engine.architectures import ARCHITECTURES
 
 # internal suffix → (GGUF name, HF name); `{i}` is the layer index.
 LAYER_NAMES: dict[str, tuple[str, str]] = {
@@ -26,6 +32,9 @@ LAYER_NAMES: dict[str, tuple[str, str]] = {
     "gate": ("blk.{i}.ffn_gate.weight", "model.layers.{i}.mlp.gate_proj.weight"),
     "up": ("blk.{i}.ffn_up.weight", "model.layers.{i}.mlp.up_proj.weight"),
     "down": ("blk.{i}.ffn_down.weight", "model.layers.{i}.mlp.down_proj.weight"),
+    # HF names only where an architecture has them (Architecture.hf_names)
+    "attn_post_norm": ("blk.{i}.post_attention_norm.weight", ""),
+    "mlp_post_norm": ("blk.{i}.post_ffw_norm.weight", ""),
 }
 
 GLOBAL_NAMES: dict[str, tuple[str, str]] = {
@@ -38,21 +47,28 @@ GLOBAL_NAMES: dict[str, tuple[str, str]] = {
 GGUF, HF = 0, 1
 
 
-def _build_reverse(which: int) -> tuple[dict[str, str], list[tuple[re.Pattern[str], str]]]:
+def _layer_names(which: int, arch: str) -> dict[str, str]:
+    """Internal layer suffix → its GGUF or HF name template (HF: as `arch` spells it)."""
+    spelled = {suffix: pair[which] for suffix, pair in LAYER_NAMES.items()}
+    if which == HF and arch:
+        spelled |= {suffix: name for suffix, name in ARCHITECTURES[arch].hf_names}
+    return spelled
+
+
+@functools.lru_cache(maxsize=16)
+def _reverse(which: int, arch: str) -> tuple[dict[str, str], list[tuple[re.Pattern[str], str]]]:
     fixed = {names[which]: internal for internal, names in GLOBAL_NAMES.items() if names[which]}
     patterns = []
-    for suffix, names in LAYER_NAMES.items():
-        regex = re.escape(names[which]).replace(re.escape("{i}"), r"(\d+)")
-        patterns.append((re.compile(f"^{regex}$"), suffix))
+    for suffix, name in _layer_names(which, arch).items():
+        if name:
+            regex = re.escape(name).replace(re.escape("{i}"), r"(\d+)")
+            patterns.append((re.compile(f"^{regex}$"), suffix))
     return fixed, patterns
 
 
-_REVERSE = {which: _build_reverse(which) for which in (GGUF, HF)}
-
-
-def to_internal(name: str, which: int) -> str | None:
-    """Map a GGUF (`which=GGUF`) or HF (`which=HF`) tensor name to ours; None if we don't use it."""
-    fixed, patterns = _REVERSE[which]
+def to_internal(name: str, which: int, arch: str = "") -> str | None:
+    """Map a GGUF (`which=GGUF`) or HF (`which=HF`, as `arch` spells it) tensor name to ours; None if unused."""
+    fixed, patterns = _reverse(which, arch)
     if name in fixed:
         return fixed[name]
     for pattern, suffix in patterns:
@@ -62,18 +78,18 @@ def to_internal(name: str, which: int) -> str | None:
     return None
 
 
-def from_internal(name: str, which: int) -> str:
-    """Map an internal name to its GGUF or HF spelling."""
+def from_internal(name: str, which: int, arch: str = "") -> str:
+    """Map an internal name to its GGUF or HF spelling (HF: as `arch` spells it; "" where it has none)."""
     if name in GLOBAL_NAMES:
         return GLOBAL_NAMES[name][which]
     _, index, suffix = name.split(".", 2)
-    return LAYER_NAMES[suffix][which].format(i=index)
+    return _layer_names(which, arch)[suffix].format(i=index)
 
 
-def param_name(internal: str) -> str | None:
-    """An internal name → the parameter path in either backend's Model: its HF name without `model.` (None for a
-    tensor that is no parameter: rope_freqs, which the loaders turn into `inv_freq`)."""
-    return from_internal(internal, HF).removeprefix("model.") or None
+def param_name(internal: str, arch: str) -> str | None:
+    """An internal name → the parameter path in either backend's `arch` Model: its HF name without `model.` (None
+    for a tensor that is no parameter: rope_freqs, which the loaders turn into `inv_freq`)."""
+    return from_internal(internal, HF, arch).removeprefix("model.") or None
 
 
 def gguf_unpermute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:

@@ -16,6 +16,7 @@ import numpy as np
 
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine import names
+from kerneltriage.engine.architectures import HF_MODEL_TYPES
 from kerneltriage.engine.checkpoint import RawTensor
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -39,11 +40,13 @@ def read_safetensors_dir(path: Path) -> tuple[dict[str, Any], dict[str, RawTenso
     if weight_map is not None:
         _check_index(path / INDEX_NAME, weight_map, headers)
     tensors: dict[str, RawTensor] = {}
+    model_type = config.get("model_type")  # an unknown one is ModelConfig.from_hf's error
+    record = HF_MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
     for shard_name, (header, data_start) in headers.items():
         _check_no_overlap(path / shard_name, header)
         mm = np.memmap(path / shard_name, dtype=np.uint8, mode="r")
         for name, entry in header.items():
-            internal = names.to_internal(name, names.HF)
+            internal = names.to_internal(name, names.HF, record.name if record else "")
             if internal is not None:
                 tensors[internal] = _tensor(path / shard_name, name, entry, mm, data_start)
     return config, tensors

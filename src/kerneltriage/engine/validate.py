@@ -52,6 +52,8 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         layer |= {"q_bias": (q,), "k_bias": (kv,), "v_bias": (kv,)}
     if config.qk_norm:
         layer |= {"q_norm": (config.head_dim,), "k_norm": (config.head_dim,)}
+    if config.architecture.sandwich_norms:
+        layer |= {"attn_post_norm": (hidden,), "mlp_post_norm": (hidden,)}
     shapes = {"embed": (config.vocab_size, hidden), "norm": (hidden,)}
     if not config.tie_embeddings:
         shapes["lm_head"] = (config.vocab_size, hidden)
@@ -72,14 +74,14 @@ def check_tensors(source: str, config: ModelConfig, shapes: Mapping[str, tuple[i
     for name, shape in shapes.items():
         want = expected.get(name) or optional.get(name)
         if want is None:
-            raise InputError(f"{source}: tensor {_spell(name, which)} has no place in a {config.arch} model "
-                             f"of this header's sizes")
+            raise InputError(f"{source}: tensor {_spell(name, which, config.arch)} has no place in a {config.arch} "
+                             f"model of this header's sizes")
         if tuple(shape) != want:
-            raise InputError(f"{source}: tensor {_spell(name, which)} has shape {tuple(shape)}; the header's "
-                             f"sizes ({_sizes(config)}) imply {want}")
+            raise InputError(f"{source}: tensor {_spell(name, which, config.arch)} has shape {tuple(shape)}; the "
+                             f"header's sizes ({_sizes(config)}) imply {want}")
     missing = [name for name in expected if name not in shapes]
     if missing:
-        listed = ", ".join(_spell(n, which) for n in missing[:3])
+        listed = ", ".join(_spell(n, which, config.arch) for n in missing[:3])
         raise InputError(f"{source}: {len(missing)} tensor(s) missing, e.g. {listed}")
 
 
@@ -97,8 +99,8 @@ def _check_layer_count(source: str, config: ModelConfig, shapes: Mapping[str, tu
                          f"for {seen}")
 
 
-def _spell(internal: str, which: int | None) -> str:
-    return repr(names.from_internal(internal, which) if which is not None else internal)
+def _spell(internal: str, which: int | None, arch: str = "") -> str:
+    return repr(names.from_internal(internal, which, arch) if which is not None else internal)
 
 
 def _sizes(config: ModelConfig) -> str:

@@ -43,7 +43,7 @@ def gguf_weights(checkpoint: Checkpoint, dtype: Any) -> tuple[dict[str, Any], di
 
     weights, bits = {}, {}
     for internal, raw in checkpoint.tensors.items():
-        name = from_internal(internal, HF)
+        name = from_internal(internal, HF, checkpoint.config.arch)
         if raw.qtype not in NATIVE_TYPES:
             weights[name] = dequantize(raw, dtype)
             continue

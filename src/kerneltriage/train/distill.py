@@ -206,9 +206,9 @@ def save_folder(student: Runner, folder: Path) -> None:
 
     checkpoint, config = student.checkpoint, student.checkpoint.config
     hf = config.to_hf() | {"torch_dtype": "bfloat16"}
-    weights = {names.from_internal(internal, names.HF):
-               student.model.get_parameter(param_name(internal)).detach().to("cpu", torch.bfloat16).contiguous()
-               for internal in checkpoint.tensors if param_name(internal) is not None}
+    weights = {names.from_internal(internal, names.HF, config.arch): student.model.get_parameter(
+                   param_name(internal, config.arch)).detach().to("cpu", torch.bfloat16).contiguous()
+               for internal in checkpoint.tensors if param_name(internal, config.arch) is not None}
     tokenizer = checkpoint.tokenizer
     special = {"bos_token": tokenizer.token_text(tokenizer.bos_token_id) or None,  # the post-processor is the
                "chat_template": tokenizer.chat_template}  # target's own, in tokenizer.json: no add_bos_token

@@ -14,7 +14,7 @@ from mlx.utils import tree_flatten
 from kerneltriage.backends.mlx import device as devices
 from kerneltriage.backends.mlx.dequant import dequantize
 from kerneltriage.backends.mlx.models import Model, model_class
-from kerneltriage.backends.mlx.models.llama import ROPE
+from kerneltriage.backends.mlx.models.llama import LOCAL_ROPE, ROPE, ROPES
 from kerneltriage.backends.mlx.runner import Runner
 from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.presets import PRESET_SEED
@@ -40,6 +40,9 @@ def load_model(checkpoint: Checkpoint, dtype: mx.Dtype) -> Model:
     freq_factors = checkpoint.tensors.get("rope_freqs")
     factors = None if freq_factors is None else np.array(dequantize(freq_factors, mx.float32))
     weights[ROPE] = mx.array(rope_frequencies(config, factors))
+    if config.rope_local_theta is not None:  # sliding layers' own base, unscaled (transformers scales global ones)
+        weights[LOCAL_ROPE] = mx.array(rope_frequencies(config.replace(rope_theta=config.rope_local_theta,
+                                                                       rope_scaling=None)))
     _fill(model, weights)
     mx.eval(model.parameters())
     return model
@@ -52,7 +55,7 @@ def stock_copy(model: Model, dtype: mx.Dtype | None = None) -> Model:
     copy = model_class(model.config.arch)(model.config)
     weights = stock_weights(model)
     if dtype is not None:
-        weights = {name: value if name == ROPE else value.astype(dtype) for name, value in weights.items()}
+        weights = {name: value if name in ROPES else value.astype(dtype) for name, value in weights.items()}
     _fill(copy, weights)
     return copy
 
@@ -94,7 +97,7 @@ def _fill(model: Model, weights: dict[str, mx.array]) -> None:
 
 def _expected(model: Model) -> dict[str, tuple[int, ...]]:
     """Every parameter path the checkpoint must fill, with its shape (the tied output head excluded)."""
-    shapes = {name: tuple(value.shape) for name, value in tree_flatten(model.parameters()) if name != ROPE}
+    shapes = {name: tuple(value.shape) for name, value in tree_flatten(model.parameters()) if name not in ROPES}
     if model.config.tie_embeddings:
         shapes.pop("lm_head.weight")
     return shapes
@@ -108,8 +111,8 @@ def _random(model: Model, dtype: mx.Dtype) -> dict[str, mx.array]:
     """Deterministic N(0, 0.02) weights (norms at 1, biases at 0), generated on the device itself."""
     key, weights = mx.random.key(PRESET_SEED), {}
     for name, shape in _expected(model).items():
-        if name.endswith("norm.weight"):
-            weights[name] = mx.ones(shape, dtype=dtype)
+        if name.endswith("norm.weight"):  # scales by 1 (Gemma's: by 1 + w)
+            weights[name] = mx.full(shape, 1.0 - model.config.architecture.norm_offset, dtype=dtype)
         elif name.endswith(".bias"):
             weights[name] = mx.zeros(shape, dtype=dtype)
         else:

@@ -61,10 +61,11 @@ def _check(runner: Runner, native: dict) -> None:
 def quantized(runner: Runner, value: str | None = None) -> None:
     """delete: every Q4_0/Q4_1/Q8_0 weight of the checkpoint kept as its blocks (others stay dequantized); the tied
     output head multiplies by the embedding's own blocks."""
+    arch = runner.config.arch
     native = {name: raw for name, raw in runner.checkpoint.tensors.items()
-              if raw.qtype in NATIVE_TYPES and param_name(name) is not None}
+              if raw.qtype in NATIVE_TYPES and param_name(name, arch) is not None}
     _check(runner, native)
-    model, blocks = runner.model, {param_name(name): pack(raw) for name, raw in native.items()}
+    model, blocks = runner.model, {param_name(name, arch): pack(raw) for name, raw in native.items()}
     # the stock (dequantized) weights are made again from the blocks for a copy, never held beside them
     made = {path: functools.partial(dequantize, packed, runner.mx_dtype) for path, packed in blocks.items()}
     if model.config.tie_embeddings and "embed_tokens.weight" in made:

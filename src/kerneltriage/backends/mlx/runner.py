@@ -20,7 +20,7 @@ from mlx.utils import tree_flatten
 from kerneltriage.backends.mlx import timing
 from kerneltriage.backends.mlx.cache import KVCache
 from kerneltriage.backends.mlx.models import Model
-from kerneltriage.backends.mlx.models.llama import ROPE
+from kerneltriage.backends.mlx.models.llama import ROPES
 from kerneltriage.backends.mlx.sampling import MlxSampler
 from kerneltriage.core.roofline import DTYPE_BYTES
 from kerneltriage.engine.checkpoint import Checkpoint
@@ -166,7 +166,7 @@ class Runner(RunnerBase):
 
     def named_weights(self) -> dict[str, mx.array]:
         weights = dict(tree_flatten(self.model.parameters()))
-        return {name: array for name, array in weights.items() if name != ROPE}
+        return {name: array for name, array in weights.items() if name not in ROPES}
 
     def host_logits(self, logits: mx.array) -> np.ndarray:
         return np.array(logits.astype(mx.float32), copy=True)

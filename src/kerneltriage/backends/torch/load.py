@@ -11,6 +11,7 @@ from torch import nn
 from kerneltriage.backends.torch.dequant import dequantize
 from kerneltriage.backends.torch.device import check_fits
 from kerneltriage.backends.torch.models import Model, model_class
+from kerneltriage.backends.torch.models.gemma3 import RMSNorm as GemmaRMSNorm
 from kerneltriage.backends.torch.models.llama import RMSNorm
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.engine.checkpoint import Checkpoint
@@ -39,6 +40,9 @@ def load_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype)
     freq_factors = checkpoint.tensors.get("rope_freqs")
     factors = None if freq_factors is None else dequantize(freq_factors, device, torch.float32).cpu().numpy()
     model.inv_freq.copy_(torch.from_numpy(rope_inv_freq(config, factors)))
+    if config.rope_local_theta is not None:  # sliding layers' own base, unscaled (transformers scales global ones)
+        local = config.replace(rope_theta=config.rope_local_theta, rope_scaling=None)
+        model.inv_freq_local.copy_(torch.from_numpy(rope_inv_freq(local)))
     return model.eval().requires_grad_(False)
 
 
@@ -64,6 +68,8 @@ def stock_copy(model: Model, dtype: torch.dtype | None = None, layers: int | Non
         for name, target in copy.named_parameters(remove_duplicate=False):
             target.copy_(source[name] if name in source else _stored_weight(model, name, target.dtype))
         copy.inv_freq.copy_(model.inv_freq)
+        if hasattr(model, "inv_freq_local"):
+            copy.inv_freq_local.copy_(model.inv_freq_local)
     return copy.eval().requires_grad_(False)
 
 
@@ -82,6 +88,8 @@ def _skeleton(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> 
     model = model.to_empty(device=device)
     model.tie_weights()
     model.inv_freq = torch.empty(config.head_dim // 2, dtype=torch.float32, device=device)
+    if hasattr(model, "inv_freq_local"):
+        model.inv_freq_local = torch.empty(config.head_dim // 2, dtype=torch.float32, device=device)
     return model
 
 
@@ -104,6 +112,6 @@ def _fill_random(model: Model, device: torch.device) -> None:
                 module.weight.normal_(0.0, INIT_STD, generator=generator)
                 if getattr(module, "bias", None) is not None:
                     module.bias.zero_()
-            elif isinstance(module, RMSNorm):
-                module.weight.fill_(1.0)
+            elif isinstance(module, (RMSNorm, GemmaRMSNorm)):  # scales by 1 (Gemma's: by 1 + w)
+                module.weight.fill_(1.0 - model.config.architecture.norm_offset)
 

@@ -18,6 +18,7 @@ PickFn = Callable[[Array], Array]
 # attention function (a lever's replacement included), and its RoPE table, named as each backend's model names it
 SHARED_PARTS = ("embed_tokens", "norm", "lm_head", "attention")
 ROPE_PARTS = ("inv_freq", "freqs")  # torch's inverse frequencies; MLX's frequencies (mx.fast.rope's argument)
+LOCAL_ROPE_PARTS = ("inv_freq_local", "freqs_local")  # the sliding layers' own (Gemma-3), where a model has them
 
 
 class DraftModel(Protocol):
@@ -61,7 +62,8 @@ class SelfDrafter:
         self.model = empty(target.config.replace(num_layers=layers))
         rope = [part for part in ROPE_PARTS if hasattr(target, part)]
         assert len(rope) == 1, f"a model holds one RoPE table of {ROPE_PARTS}, got {rope}"
-        for part in SHARED_PARTS + tuple(rope):
+        local = [part for part in LOCAL_ROPE_PARTS if hasattr(target, part)]
+        for part in SHARED_PARTS + tuple(rope) + tuple(local):
             setattr(self.model, part, getattr(target, part))
         self.model.layers = target.layers[:layers]
         self.target, self.layers = target, layers

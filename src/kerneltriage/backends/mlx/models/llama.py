@@ -29,6 +29,8 @@ SdpaFn = Callable[..., mx.array]
 # (q (B,H,T,D), k (B,Hkv,S,D), v (B,Hkv,S,D), positions, sdpa=SDPA) -> (B,H,T,D); a wrapper passes `sdpa` on
 AttentionFn = Callable[..., mx.array]
 ROPE = "freqs"  # the Model's RoPE frequencies: a parameter no checkpoint holds, float32 in every dtype
+LOCAL_ROPE = "freqs_local"  # Gemma-3's sliding layers' own
+ROPES = (ROPE, LOCAL_ROPE)
 
 
 def sdpa_attention(q: mx.array, k: mx.array, v: mx.array, pos: Positions, sdpa: SdpaFn = SDPA) -> mx.array:

@@ -3,10 +3,11 @@ checks it against the records), the class chosen by `ModelConfig.arch`."""
 
 from __future__ import annotations
 
-from kerneltriage.backends.torch.models import llama, qwen2, qwen3
+from kerneltriage.backends.torch.models import gemma3, llama, qwen2, qwen3
 from kerneltriage.backends.torch.models.llama import Model
 
-MODELS: dict[str, type[Model]] = {"llama": llama.Model, "qwen2": qwen2.Model, "qwen3": qwen3.Model}
+MODELS: dict[str, type[Model]] = {"llama": llama.Model, "qwen2": qwen2.Model, "qwen3": qwen3.Model,
+                                  "gemma3": gemma3.Model}
 
 
 def model_class(arch: str) -> type[Model]:
