@@ -115,6 +115,34 @@ def test_levers_that_take_gemma_layers_keep_its_greedy_tokens() -> None:
         assert list(generate_step(tiny_runner("gemma3", levers), prompt, SamplingParams(), 16)) == stock, levers
 
 
+def test_graphs_static_cache_keeps_the_sliding_window() -> None:
+    """Under `graphs` attention reads a fixed window of cache slots under the cache's mask (wider than the sliding
+    window of 8): the band is cut out of that mask. On the CPU a "replay" reruns what was captured."""
+    from conftest import rerun_capture
+    from kerneltriage.backends.torch import accelerate
+
+    prompt = list(range(9, 21))
+    stock = list(generate_step(tiny_runner("gemma3"), prompt, SamplingParams(), 16))
+    runner = tiny_runner("gemma3")
+    accelerate.graphs(runner, capture_fn=rerun_capture(runner))
+    assert list(generate_step(runner, prompt, SamplingParams(), 16)) == stock
+    assert runner.counters["graphs"] == 15
+
+
+def test_roofline_reads_a_sliding_layer_s_window_only() -> None:
+    """Tiny gemma3: layer 0 slides over 8 positions, layer 1 is global. A decode step at context 100 reads 8 + 100
+    positions' K and V; 3 steps from depth 5 (contexts 6, 7, 8 in layer 1; 6, 7, 8 capped at 8 in layer 0)."""
+    from conftest import tiny_config
+    from kerneltriage.core import roofline
+
+    config = tiny_config("gemma3")
+    per_position = 2 * config.num_kv_heads * config.head_dim * 4  # K and V of one layer, float32
+    assert roofline.decode_cost(config, 1, 99, 0.0, 4).bytes == (8 + 100) * per_position
+    assert roofline.layer_contexts(config, 5, 3) == (6 + 7 + 8) * 2
+    assert roofline.layer_contexts(config, 6, 3) == (7 + 8 + 8) + (7 + 8 + 9)
+    assert roofline.layer_contexts(tiny_config("gemma3", sliding_window=None, sliding_pattern=0), 99, 1) == 200
+
+
 @pytest.mark.parametrize("lever", ["fused_norm", "fused_layer"])  # (pdl needs fused_layer beside it)
 def test_levers_without_gemma_layers_are_refused_in_one_line(lever: str) -> None:
     from kerneltriage.engine.levers import LEVERS, Place, parse_setting, refusal

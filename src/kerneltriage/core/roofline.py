@@ -65,6 +65,12 @@ class ModelShape(Protocol):
     @property
     def norms_per_layer(self) -> int: ...
 
+    @property
+    def sliding_window(self) -> int | None: ...
+
+    @property
+    def sliding_layers(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class Ceilings:
@@ -171,9 +177,21 @@ def kv_bytes(config: ModelShape, positions: float, dtype_bytes: int) -> float:
     return 2 * config.num_layers * config.num_kv_heads * config.head_dim * positions * dtype_bytes
 
 
-def _attention_flops(config: ModelShape, query_key_pairs: float) -> float:
-    """QKᵀ and PV: 2 FLOPs per multiply-add, heads × head_dim each, per (query, key) pair."""
-    return 4 * config.num_layers * config.num_heads * config.head_dim * query_key_pairs
+def layer_contexts(config: ModelShape, depth: int, tokens: int) -> float:
+    """Σ over layers and over the rows i = 1..tokens after `depth` cached positions of the positions row i attends,
+    depth + i, capped at the window in sliding layers (Gemma-3: five in six): the (query, key) pairs of a pass."""
+    full = tokens * depth + tokens * (tokens + 1) / 2
+    window, sliding = config.sliding_window, config.sliding_layers
+    if window is None or not sliding:
+        return config.num_layers * full
+    below = min(max(window - depth - 1, 0), tokens)  # rows whose depth + i is under the window
+    capped = below * depth + below * (below + 1) / 2 + (tokens - below) * window
+    return (config.num_layers - sliding) * full + sliding * capped
+
+
+def _attention_flops(config: ModelShape, layer_pairs: float) -> float:
+    """QKᵀ and PV: 2 FLOPs per multiply-add, heads × head_dim each, per (query, key) pair of each layer."""
+    return 4 * config.num_heads * config.head_dim * layer_pairs
 
 
 def _matmul_flops(config: ModelShape, tokens: int, output_rows: int) -> float:
@@ -183,11 +201,12 @@ def _matmul_flops(config: ModelShape, tokens: int, output_rows: int) -> float:
 
 def decode_cost(config: ModelShape, tokens: int, depth: int, weight_bytes: float, kv_dtype_bytes: int) -> Cost:
     """`tokens` decode steps after `depth` cached positions: step i (0-based) runs at context depth + i + 1
-    (it reads every earlier position and its own). Each step reads all weights once."""
+    (it reads every earlier position and its own; a sliding layer the last `sliding_window` of them). Each step
+    reads all weights once."""
     if tokens < 1 or depth < 0:
         raise ValueError(f"decode cost: expected tokens ≥ 1 and depth ≥ 0, got {tokens}, {depth}")
-    contexts = tokens * depth + tokens * (tokens + 1) / 2  # Σ_{i=1..tokens} (depth + i)
-    moved = tokens * weight_bytes + kv_bytes(config, contexts, kv_dtype_bytes)
+    contexts = layer_contexts(config, depth, tokens)  # Σ_layers Σ_{i=1..tokens} (depth + i), windows capped
+    moved = tokens * weight_bytes + 2 * config.num_kv_heads * config.head_dim * contexts * kv_dtype_bytes  # K and V
     return Cost(moved, _matmul_flops(config, tokens, tokens) + _attention_flops(config, contexts))
 
 
@@ -197,7 +216,7 @@ def prefill_cost(config: ModelShape, tokens: int, depth: int, weight_bytes: floa
     the output projection for the last position only."""
     if tokens < 1 or depth < 0:
         raise ValueError(f"prefill cost: expected tokens ≥ 1 and depth ≥ 0, got {tokens}, {depth}")
-    pairs = tokens * depth + tokens * (tokens + 1) / 2
+    pairs = layer_contexts(config, depth, tokens)
     moved = weight_bytes + kv_bytes(config, depth + tokens, kv_dtype_bytes)
     return Cost(moved, _matmul_flops(config, tokens, 1) + _attention_flops(config, pairs))
 

@@ -100,6 +100,11 @@ class ModelConfig:
             raise ValueError(f"sliding_pattern={pattern!r}: expected a positive integer with a sliding_window "
                              f"({window!r}), else 0")
 
+    @property
+    def sliding_layers(self) -> int:
+        """How many layers attend over a sliding window."""
+        return sum(self.sliding(layer) for layer in range(self.num_layers))
+
     def sliding(self, layer: int) -> bool:
         """Layer `layer` attends over a sliding window (every sliding_pattern-th layer attends globally)."""
         return self.sliding_window is not None and (layer + 1) % self.sliding_pattern != 0
