@@ -43,7 +43,7 @@ def test_the_int4_product_is_the_dequantized_product_within_bf16_rounding(qtype:
     exact = dequantize(raw, "cpu", torch.float32)
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(0)).bfloat16()
     reference = x.float() @ exact.T
-    error = (int4_product(x, pack(raw)).float() - reference).norm() / reference.norm()
+    error = (int4_product(x, pack([raw])).float() - reference).norm() / reference.norm()
     stock = (torch.nn.functional.linear(x, exact.bfloat16()).float() - reference).norm() / reference.norm()
     assert error < 1.5 * stock  # a bf16 model's own rounding (weights and output) is the scale
     assert error > 0  # the kernel ran on rounded scales: an exact match would mean it never did
@@ -87,3 +87,20 @@ def test_a_float32_model_keeps_stocks_tokens() -> None:
     assert len(set(expected)) > 1
     assert list(generate_step(quant, prompt, SamplingParams(), 5)) == expected
     assert quant.counters["quantized"] == 2 * 7 * 5  # the prompt and 4 decode steps; float32: no int4 kernel
+
+
+def test_packed_levers_stack_the_blocks_into_one_int4_matmul() -> None:
+    checkpoint = _checkpoint()
+    alone = BACKEND.build(checkpoint, RunConfig.from_flags("quantized"), "cpu", "bfloat16")
+    packed = BACKEND.build(checkpoint, RunConfig.from_flags("quantized,packed_qkv,packed_gate_up"), "cpu", "bfloat16")
+    prompt = list(range(5, 21))
+    expected = list(generate_step(alone, prompt, SamplingParams(), 6))
+    assert len(set(expected)) > 1
+    assert list(generate_step(packed, prompt, SamplingParams(), 6)) == expected  # each row's sum is unchanged
+    assert packed.counters["packed_qkv"] > 0 and packed.counters["packed_gate_up"] > 0
+    assert packed.held_bytes() <= alone.held_bytes()  # the parts gave their blocks up: held once
+    # per forward, 2 layers × (qkv, o, gate_up, down) + the head: 9 int4 calls instead of 15
+    assert packed.counters["quantized"] * 15 == alone.counters["quantized"] * 9
+    exact = stock_copy(packed.model, torch.float32)  # ab's reference still reads each part's own blocks
+    assert torch.equal(exact.layers[0].self_attn.k_proj.weight,
+                       dequantize(checkpoint.tensors["layers.0.k"], "cpu", torch.float32))

@@ -39,11 +39,13 @@ SLOW_WARMUP = 10.0  # seconds: a lever whose warm-up (compilation) takes longer 
 
 @dataclass(frozen=True)
 class Clash:
-    """Levers that cannot run beside the one declaring it (on `backends`), and why: checked both ways."""
+    """Levers that cannot run beside the one declaring it (on `backends`, on `devices`), and why: checked both
+    ways."""
 
     levers: tuple[str, ...]
     why: str
     backends: tuple[str, ...] = BOTH
+    devices: tuple[str, ...] = DEVICES
 
 
 @dataclass(frozen=True)
@@ -116,8 +118,9 @@ TABLE: tuple[Lever, ...] = (
           "torch's int4 matmul for a bf16 model, the output projection too): 4.5-8.5 bits read per weight instead "
           "of the dequantized 16-32", numerics="reorders",
           seams=("qkv", "o_proj", "gate_up", "down", "lm_head"), backends=BOTH, devices=DEVICES,
-          clashes=(Clash(("packed_qkv", "packed_gate_up", "fused_layer", "kernel"),
-                         "they read the dequantized weights it drops", ("torch",)),
+          clashes=(Clash(("fused_layer", "kernel"), "they read the dequantized weights it drops", ("torch",)),
+                   Clash(("packed_qkv", "packed_gate_up"), "they read the dequantized weights it drops (the CPU "
+                         "stacks its blocks instead)", ("torch",), ("cuda",)),
                    Clash(("compile",), "compile would trace its Triton GEMV", ("torch",))), own_values=True),
     Lever("packed_qkv", "dispatch", "model", "q, k and v from one matmul instead of three", numerics="reorders",
           seams=("qkv",), backends=BOTH, devices=DEVICES),
@@ -216,9 +219,10 @@ class Place:
     constrained: bool = False  # the workload's output follows a constraint
 
 
-def _clash(lever: Lever, other: str, backend: str) -> str | None:
-    """Why `lever` cannot run beside `other` on `backend`, by `lever`'s own row (None: it can)."""
-    return next((clash.why for clash in lever.clashes if other in clash.levers and backend in clash.backends), None)
+def _clash(lever: Lever, other: str, place: Place) -> str | None:
+    """Why `lever` cannot run beside `other` at `place`, by `lever`'s own row (None: it can)."""
+    return next((clash.why for clash in lever.clashes if other in clash.levers and place.backend in clash.backends
+                 and place.device_type in clash.devices), None)
 
 
 def refusal(setting: "LeverSetting", on: tuple["LeverSetting", ...], place: Place) -> str | None:
@@ -244,7 +248,7 @@ def refusal(setting: "LeverSetting", on: tuple["LeverSetting", ...], place: Plac
     if absent:
         return f"needs {', '.join(absent)} on beside it"
     for other in sorted(names - {lever.name}):
-        why = _clash(lever, other, place.backend) or _clash(LEVERS[other], lever.name, place.backend)
+        why = _clash(lever, other, place) or _clash(LEVERS[other], lever.name, place)
         if why:
             return f"not with {other}: {why}"
     return None

@@ -16,7 +16,7 @@ The bf16 scales round d as a bf16 model's weights round each value (the relative
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -35,29 +35,35 @@ class Int4Weight(NamedTuple):
     shape: tuple[int, int]  # (N, K): the logical weight
 
 
-def pack(raw: RawTensor) -> Int4Weight:
-    """A stored Q4_0/Q4_1/Q8_0 tensor (rows of blocks) as the int4 kernel's packed weight and bf16 scales."""
-    if raw.qtype not in KINDS:
-        raise ValueError(f"tensor type {raw.qtype}: expected one of {', '.join(KINDS)}")
+def pack(raws: Sequence[RawTensor]) -> Int4Weight:
+    """Stored Q4_0/Q4_1/Q8_0 tensors of one type and width (rows of blocks), stacked by rows in order, as the int4
+    kernel's packed weight and bf16 scales: one tensor, or a layer's q, k and v (packed_qkv under quantized)."""
+    kinds = {raw.qtype for raw in raws}
+    if len(kinds) != 1 or not kinds <= set(KINDS) or len({raw.shape[1] for raw in raws}) != 1:
+        raise ValueError(f"tensor types {sorted(kinds)}, widths {sorted({raw.shape[1] for raw in raws})}: expected "
+                         f"one of {', '.join(KINDS)} and one width")
+    parts = [_nibbles(raw) for raw in raws]
+    values, scales, zeros = (torch.cat([part[i] for part in parts]) for i in range(3))  # stacked by rows
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(values.to(torch.int32), 1)
+    # (N, groups) twice → (groups, N, 2)
+    scale_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(COMPUTE)
+    return Int4Weight(packed, scale_zeros, (values.shape[0], raws[0].shape[1]))
+
+
+def _nibbles(raw: RawTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One tensor's 4-bit values (N, K') and the scales and zeros (N, K'/32) of their groups (module docstring)."""
     n, k = raw.shape
     blocks = torch.from_numpy(np.array(raw.data)).view(n, k // GROUP, _BLOCK_BYTES[raw.qtype])  # (N, K/32, bytes)
     d = blocks[:, :, 0:2].contiguous().view(torch.float16).float()[..., 0]  # (N, K/32)
     if raw.qtype == "Q8_0":
         u = blocks[:, :, 2:] ^ 0x80  # int8 q + 128 as uint8: (N, K/32, 32)
         values = torch.cat([(u >> 4).reshape(n, k), (u & 0x0F).reshape(n, k)], dim=1)  # (N, 2K): [h | l]
-        scales = torch.cat([16 * d, d], dim=1)  # (N, 2K/32)
-        zeros = torch.cat([torch.zeros_like(d), 8 * d], dim=1)
-    else:
-        first = 4 if raw.qtype == "Q4_1" else 2
-        nibbles = blocks[:, :, first:]  # (N, K/32, 16): low nibbles are values 0..15, high ones 16..31
-        values = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=2).reshape(n, k)
-        scales = d
-        m = blocks[:, :, 2:4].contiguous().view(torch.float16).float()[..., 0] if raw.qtype == "Q4_1" else None
-        zeros = torch.zeros_like(d) if m is None else m + 8 * d
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(values.to(torch.int32), 1)
-    # (N, groups) twice → (groups, N, 2)
-    scale_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(COMPUTE)
-    return Int4Weight(packed, scale_zeros, (n, k))
+        return values, torch.cat([16 * d, d], dim=1), torch.cat([torch.zeros_like(d), 8 * d], dim=1)  # (N, 2K/32)
+    first = 4 if raw.qtype == "Q4_1" else 2
+    nibbles = blocks[:, :, first:]  # (N, K/32, 16): low nibbles are values 0..15, high ones 16..31
+    values = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=2).reshape(n, k)
+    m = blocks[:, :, 2:4].contiguous().view(torch.float16).float()[..., 0] if raw.qtype == "Q4_1" else None
+    return values, d, torch.zeros_like(d) if m is None else m + 8 * d
 
 
 def int4_product(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:

@@ -43,6 +43,8 @@ def one_sync(runner: Runner, value: str | None = None) -> None:
 def _packed(runner: Runner, lever: str, module: nn.Module, names: tuple[str, ...]) -> Callable:
     """One Linear holding the weights of `names` stacked by rows; the originals become views into it."""
     parts = [getattr(module, name) for name in names]
+    if any(isinstance(part, quantized.QuantLinear) for part in parts):  # their blocks stacked instead
+        return quantized.packed(runner, lever, module, names)
     bias = parts[0].bias is not None
     packed = nn.Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=bias,
                        device=runner.device, dtype=parts[0].weight.dtype).requires_grad_(False)

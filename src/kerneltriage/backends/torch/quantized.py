@@ -9,12 +9,14 @@ reference) takes each projection's dequantized values.
 - CPU (`Int4Linear`): the blocks repacked for torch's int4 CPU matmul (`int4_cpu.py`), which is vectorized only for
   bf16 activations: a bf16 model's rows (≤ INT4_ROWS) go through it; float32 or fp16 activations, and longer
   prompts, through the weight dequantized from the blocks for the call (exactly stock's values: ab's float32 check).
+  packed_qkv and packed_gate_up stack the blocks of a layer's parts by rows into one Int4Linear (`packed`): one
+  int4 call for q, k and v and one for gate and up.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -87,21 +89,39 @@ class Int4Linear(QuantLinear):
     """The CPU's. A bf16 model holds the blocks repacked for torch's int4 CPU matmul (decode, verify and prompts up to
     INT4_ROWS rows) and dequantizes longer prompts from the checkpoint's mapped blocks. A float32 or fp16 one holds
     the weight dequantized, as stock does: the int4 kernel is scalar code in those dtypes, so the lever gains nothing
-    there; it runs for ab's float32 rebuild of a bf16 configuration (stock's values and arithmetic exactly)."""
+    there; it runs for ab's float32 rebuild of a bf16 configuration (stock's values and arithmetic exactly).
+    `raws` are stacked by rows: one tensor, or the parts a packed lever joins (`stacked`)."""
 
-    def __init__(self, runner: Runner, raw: RawTensor, bias: nn.Parameter | None) -> None:
+    def __init__(self, runner: Runner, raws: Sequence[RawTensor], bias: nn.Parameter | None) -> None:
         nn.Module.__init__(self)
-        self.qtype, self.bias, self.dtype = raw.qtype, bias, runner.torch_dtype
-        self.out_features, self.in_features = raw.shape
-        self.int4 = runner.torch_dtype == COMPUTE
-        if self.int4:  # buffers, so that the model's bytes count them
-            weight = pack(raw)
+        self.qtype, self.bias, self.dtype = raws[0].qtype, bias, runner.torch_dtype
+        self.out_features, self.in_features = sum(raw.shape[0] for raw in raws), raws[0].shape[1]
+        self.raws = tuple(raws)  # the file's mapped bytes, as a stock model's checkpoint keeps them
+        if runner.torch_dtype == COMPUTE:  # buffers, so that the model's bytes count them
+            weight = pack(self.raws)
             self.register_buffer("packed", weight.packed, persistent=False)
             self.register_buffer("scale_zeros", weight.scale_zeros, persistent=False)
-        self.raw = raw  # the file's mapped bytes, as a stock model's checkpoint keeps them
-        if not self.int4:
+        else:
             self.register_buffer("dequantized", self.stock_weight(), persistent=False)  # (N, K)
         self._count = lambda: counting.ran(runner, LEVER)
+
+    @classmethod
+    def stacked(cls, runner: Runner, parts: Sequence["Int4Linear"]) -> "Int4Linear":
+        """One module computing `parts`' rows in order in one call (packed_qkv, packed_gate_up). The parts give up
+        the weights they held, which it now holds once (called alone, a part dequantizes per call)."""
+        biases = [part.bias for part in parts]
+        bias = None if biases[0] is None else nn.Parameter(torch.cat(biases), requires_grad=False)  # type: ignore[arg-type]
+        whole = cls(runner, [raw for part in parts for raw in part.raws], bias)
+        for part in parts:
+            for name in ("packed", "scale_zeros", "dequantized"):
+                part._buffers.pop(name, None)
+        return whole
+
+    @staticmethod
+    def stackable(parts: Sequence[nn.Module]) -> bool:
+        """`parts` are Int4Linears of one block type and width, each with a bias or none with one."""
+        return (all(isinstance(part, Int4Linear) for part in parts)
+                and len({(part.qtype, part.in_features, part.bias is None) for part in parts}) == 1)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -111,13 +131,13 @@ class Int4Linear(QuantLinear):
 
     def stock_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The dequantized weight (N, K) in `dtype` (default: the model's): the values a stock model holds."""
-        return dequantize(self.raw, "cpu", dtype or self.dtype)
+        return torch.cat([dequantize(raw, "cpu", dtype or self.dtype) for raw in self.raws])
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        if not self.int4:
+        if "dequantized" in self._buffers:
             y = F.linear(rows, self.dequantized)
-        elif rows.shape[0] <= INT4_ROWS:
+        elif "packed" in self._buffers and rows.shape[0] <= INT4_ROWS:
             y = int4_product(rows, Int4Weight(self.packed, self.scale_zeros, (self.out_features, self.in_features)))
         else:
             y = F.linear(rows, self.stock_weight(x.dtype))
@@ -130,6 +150,9 @@ def quantized(runner: Runner, value: str | None = None) -> None:
     """delete: each layer's Q4_0/Q4_1/Q8_0 projections read as their blocks (CUDA: a Triton GEMV; CPU: torch's int4
     CPU matmul for a bf16 model)."""
     triton = runner.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    if any(name.rpartition(".")[2].startswith("packed_") for name, _ in runner.model.layers.named_modules()):
+        raise InputError(f"--levers {LEVER}: the projections are packed already; it goes before packed_qkv and "
+                         f"packed_gate_up (the lever table's order), which then stack its blocks")
     tensors = runner.checkpoint.tensors
     kept = [(index, suffix) for index in range(len(runner.model.layers)) for suffix in PROJECTIONS
             if _takes(tensors.get(f"layers.{index}.{suffix}"), triton)]
@@ -145,7 +168,7 @@ def quantized(runner: Runner, value: str | None = None) -> None:
         raw, bias = tensors[f"layers.{index}.{suffix}"], getattr(parent, child).bias
         # the dequantized weight goes with the Linear
         setattr(parent, child, QuantLinear(runner, split_blocks(raw, runner.device), bias) if triton
-                else Int4Linear(runner, raw, bias))
+                else Int4Linear(runner, [raw], bias))
     if triton:
         runner.no_compile = LEVER  # (on the CPU, compile traces torch's own ops: the int4 matmul is one of them)
     else:
@@ -159,9 +182,27 @@ def _output_projection(runner: Runner) -> None:
     tensors, config = runner.checkpoint.tensors, runner.checkpoint.config
     raw = tensors.get("lm_head") or (tensors.get("embed") if config.tie_embeddings else None)
     if raw is not None and _takes(raw, False) and runner.torch_dtype == COMPUTE:
-        runner.model.lm_head = Int4Linear(runner, raw, None)
+        runner.model.lm_head = Int4Linear(runner, [raw], None)
 
 
 def _takes(raw: RawTensor | None, triton: bool) -> bool:
     """A projection the lever keeps as blocks: Q4_0/Q4_1/Q8_0 (the int4 packer: an output size a multiple of 16)."""
     return raw is not None and raw.qtype in KINDS and (triton or raw.shape[0] % ROW_MULTIPLE == 0)
+
+
+def packed(runner: Runner, lever: str, module: nn.Module, names: tuple[str, ...]) -> Callable:
+    """packed_qkv / packed_gate_up beside quantized on the CPU: the parts' blocks stacked by rows into one int4
+    matmul (the default model: 5 of its 8 calls a layer become 2). Parts that cannot stack (block types or widths
+    that differ, one kept dequantized) stay apart, each its own call, and the lever does not count them."""
+    parts = [getattr(module, name) for name in names]
+    if not Int4Linear.stackable(parts):
+        return lambda x: tuple(part(x) for part in parts)
+    whole = Int4Linear.stacked(runner, parts)
+    module.add_module(f"packed_{'_'.join(names)}", whole)
+    sizes = [part.out_features for part in parts]
+
+    def forward(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        counting.ran(runner, lever)
+        return tuple(whole(x).split(sizes, dim=-1))
+
+    return forward
