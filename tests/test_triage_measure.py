@@ -102,13 +102,18 @@ def test_stock_copy_copies_every_weight_and_no_lever(arch: str) -> None:
     from kerneltriage.backends.torch.load import stock_copy
     from kerneltriage.backends.torch.models.llama import sdpa_attention
 
-    runner = tiny_runner(arch, "packed_qkv,packed_gate_up,fused_norm")  # explicit weights: every one distinct
+    from kerneltriage.engine.levers import LEVERS
+
+    norms = ",fused_norm" if arch in LEVERS["fused_norm"].architectures else ""  # Gemma's (1 + w) norms: refused
+    runner = tiny_runner(arch, "packed_qkv,packed_gate_up" + norms)  # explicit weights: every one distinct
     copy = stock_copy(runner.model)
     source = dict(runner.model.named_parameters(remove_duplicate=False))
     copied = dict(copy.named_parameters(remove_duplicate=False))
     assert copied and all(torch.equal(p, source[name]) for name, p in copied.items())
     assert len({p.data_ptr() for p in copied.values()}) == len(copied) - runner.config.tie_embeddings
     assert torch.equal(copy.inv_freq, runner.model.inv_freq) and copy.inv_freq.dtype == torch.float32
+    local = getattr(runner.model, "inv_freq_local", None)  # the sliding layers' RoPE (Gemma-3)
+    assert local is None or (torch.equal(copy.inv_freq_local, local) and local.dtype == torch.float32)
     assert (copy.lm_head.weight is copy.embed_tokens.weight) == runner.config.tie_embeddings
     assert copy.attention is sdpa_attention and not any("packed" in name for name in copied)
 
