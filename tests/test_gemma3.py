@@ -115,6 +115,20 @@ def test_levers_that_take_gemma_layers_keep_its_greedy_tokens() -> None:
         assert list(generate_step(tiny_runner("gemma3", levers), prompt, SamplingParams(), 16)) == stock, levers
 
 
+def test_an_attention_function_of_four_arguments_is_called_as_the_model_calls_it() -> None:
+    """A probe replacing `Model.attention` may take (q, k, v, pos) alone (engine/sparsity.py): the sliding layers'
+    wrapper passes on only what it was given."""
+    from kerneltriage.backends.torch.models.llama import sdpa_attention
+
+    prompt, seen = [9, 10, 11, 12], []
+    stock = list(generate_step(tiny_runner("gemma3"), prompt, SamplingParams(), 8))
+    runner = tiny_runner("gemma3")
+    runner.model.attention = lambda q, k, v, pos: seen.append(k.shape[2]) or sdpa_attention(q, k, v, pos)
+    assert list(generate_step(runner, prompt, SamplingParams(), 8)) == stock
+    # keys 4 (the prompt) to 11: the global layer at each step, the sliding one while the keys fit its window of 8
+    assert sorted(seen) == sorted([*range(4, 12), *range(4, 9)])
+
+
 def test_graphs_static_cache_keeps_the_sliding_window() -> None:
     """Under `graphs` attention reads a fixed window of cache slots under the cache's mask (wider than the sliding
     window of 8): the band is cut out of that mask. On the CPU a "replay" reruns what was captured."""

@@ -33,9 +33,10 @@ def windowed(attention: AttentionFn, window: int) -> AttentionFn:
     window, each query already sees only positions inside it, so the call goes whole to `attention` (the stock
     function or a lever's); past that, SDPA under the band mask."""
 
-    def attend(q: mx.array, k: mx.array, v: mx.array, pos: Positions, sdpa: SdpaFn = SDPA) -> mx.array:
+    def attend(q: mx.array, k: mx.array, v: mx.array, pos: Positions, **kwargs: SdpaFn) -> mx.array:
         if k.shape[2] <= window:
-            return attention(q, k, v, pos, sdpa)
+            return attention(q, k, v, pos, **kwargs)  # as the model calls it (a probe may take no `sdpa`)
+        sdpa = kwargs.get("sdpa", SDPA)
         return sdpa(q, k, v, scale=1.0 / math.sqrt(q.shape[-1]), mask=window_mask(pos, k.shape[2], window))
 
     return attend

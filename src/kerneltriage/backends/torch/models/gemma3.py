@@ -37,11 +37,10 @@ def windowed(attention: AttentionFn, window: int) -> AttentionFn:
     window, each query already sees only positions inside it, so the call goes whole to `attention` (the stock
     function or a lever's); past that, grouped attention under the band mask."""
 
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: Positions,
-               sdpa: SdpaFn = SDPA) -> torch.Tensor:
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: Positions, **kwargs: SdpaFn) -> torch.Tensor:
         if k.shape[2] <= window:
-            return attention(q, k, v, pos, sdpa)
-        return grouped_attention(q, k, v, window_mask(pos, k.shape[2], window), sdpa)
+            return attention(q, k, v, pos, **kwargs)  # as the model calls it (a probe may take no `sdpa`)
+        return grouped_attention(q, k, v, window_mask(pos, k.shape[2], window), kwargs.get("sdpa", SDPA))
 
     return attend
 
