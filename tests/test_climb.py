@@ -22,9 +22,9 @@ CEILINGS = Ceilings(1e11, 1e12, "measured", "fake", "float32")
 
 
 def climb(effects: dict[str, Effect], only: set[str], favor: str = "balanced", seed: int = 0,
-          noise: float = 0.02, spent_after: int | None = None) -> tuple[Ladder, FakeBackend]:
+          noise: float = 0.02, spent_after: int | None = None, stack: bool = True) -> tuple[Ladder, FakeBackend]:
     """A climb from stock over the levers `only` (the table's rows for torch on CUDA), on a fake GPU; with
-    `spent_after`, its budget runs out once that many candidates have been judged."""
+    `spent_after`, its budget runs out once that many candidates have been judged; `stack`: the stack first."""
     backend = FakeBackend(effects, noise=noise, seed=seed, device="cuda", backend_name="torch")
     root = backend.build(fake_checkpoint(), RunConfig())
     trials = Trials(backend, root, WORKLOAD, BUDGET, CEILINGS)
@@ -43,7 +43,7 @@ def climb(effects: dict[str, Effect], only: set[str], favor: str = "balanced", s
 
         trials.judge = counted  # type: ignore[method-assign]
         trials.elapsed = lambda: 2e9 if len(judged) >= spent_after else 0.0  # type: ignore[method-assign]
-    ladder, final = Climb(trials, propose, favor, seconds).run(root.run_config)
+    ladder, final = Climb(trials, propose, favor, seconds, stack=stack).run(root.run_config)
     trials.release(final)
     return ladder, backend
 
@@ -57,22 +57,35 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     use_fake_host_clock(monkeypatch)
 
 
-def test_levers_that_win_only_together_are_both_found() -> None:
+@pytest.mark.parametrize("stack", [True, False])
+def test_levers_that_win_only_together_are_both_found(stack: bool) -> None:
     effects = {"graphs": Effect(decode=0.3), "one_sync": Effect(decode=0.8, needs=("graphs",))}
-    ladder, _ = climb(effects, {"graphs", "one_sync", "packed_qkv"})
+    ladder, _ = climb(effects, {"graphs", "one_sync", "packed_qkv"}, stack=stack)
+    assert ladder.final.lever_names == ("graphs", "one_sync")  # packed_qkv, a no-op, never kept
+    assert ladder.stop.endswith("adopted nothing: no candidate wins")
+    if stack:  # the stack won; leaving either out is slower; leaving the no-op out changed nothing
+        stacked, removed = adopted(ladder)
+        assert set(stacked.removeprefix("stack: ").split(",")) == set(effects) | {"packed_qkv"}
+        assert removed == "-packed_qkv"
+        left_out = {t.candidate.text: t.result.verdict for t in ladder.trials if t.round == 2}
+        assert left_out == {"-graphs": "loss", "-one_sync": "loss", "-packed_qkv": "neutral"}
+        return
     assert adopted(ladder) == ["graphs", "one_sync"]
     first = [t for t in ladder.trials if t.candidate.text == "one_sync"][0]
     assert first.round == 1 or first.base == "levers=graphs"  # judged against stock (or cut by graphs' restart)
     rung = ladder.rungs[2]
     assert rung.trial.base == "levers=graphs" and rung.ratio("decode")["estimate"] == pytest.approx(1.25, rel=0.05)
-    assert ladder.stop.endswith("adopted nothing: no candidate wins") and ladder.final.lever_names == (
-        "graphs", "one_sync")
 
 
-def test_a_lever_that_wins_alone_but_loses_in_combination_is_not_adopted() -> None:
+@pytest.mark.parametrize("stack", [True, False])
+def test_a_lever_that_wins_alone_but_loses_in_combination_is_not_adopted(stack: bool) -> None:
     effects = {"packed_qkv": Effect(prefill=0.75),
                "last_logits": Effect(prefill=0.85, instead={"packed_qkv": Effect(prefill=1.3)})}
-    ladder, _ = climb(effects, {"packed_qkv", "last_logits"})
+    ladder, _ = climb(effects, {"packed_qkv", "last_logits"}, stack=stack)
+    assert ladder.final.lever_names == ("packed_qkv",)
+    if stack:  # the stack (0.975 of stock) is judged first, then the bottom-up rounds or leaving one out
+        assert ladder.trials[0].candidate.text == "stack: packed_qkv,last_logits"
+        return
     assert adopted(ladder) == ["packed_qkv"]
     judged = [(t.base, t.result.verdict) for t in ladder.trials if t.candidate.text == "last_logits"]
     assert judged[0] == ("levers=(stock)", "win")  # it did win alone …
@@ -92,7 +105,7 @@ def test_the_best_winner_judged_is_adopted_when_the_budget_runs_out_in_its_round
     """Two winners judged, then the budget is spent: the larger is adopted (its own A/B judged it), the other is not
     (it would need a confirmation on top of the first), and the stop says why."""
     effects = {"packed_qkv": Effect(prefill=0.9), "packed_gate_up": Effect(prefill=0.8)}
-    ladder, _ = climb(effects, {"packed_qkv", "packed_gate_up"}, spent_after=2)
+    ladder, _ = climb(effects, {"packed_qkv", "packed_gate_up"}, spent_after=2, stack=False)
     assert {t.candidate.text for t in ladder.trials if t.result.verdict == "win"} == {"packed_qkv", "packed_gate_up"}
     assert adopted(ladder) == ["packed_gate_up"]
     assert ladder.stop.startswith("budget spent") and ladder.final.lever_names == ("packed_gate_up",)
@@ -108,9 +121,14 @@ def test_a_lever_whose_requirement_is_missing_is_never_tried() -> None:
 
 def test_a_requirement_once_adopted_opens_the_lever_that_needs_it() -> None:
     effects = {"fused_layer": Effect(decode=0.5), "pdl": Effect(decode=0.8, needs=("fused_layer",))}
-    ladder, backend = climb(effects, {"fused_layer", "pdl"})
-    assert adopted(ladder) == ["fused_layer", "pdl"]
-    assert all(r.run_config.has("fused_layer") for r in backend.built if r.run_config.has("pdl"))
+    for stack in (True, False):
+        ladder, backend = climb(effects, {"fused_layer", "pdl"}, stack=stack)
+        assert ladder.final.lever_names == ("fused_layer", "pdl")
+        assert adopted(ladder) == (["stack: fused_layer,pdl"] if stack else ["fused_layer", "pdl"])
+        assert all(r.run_config.has("fused_layer") for r in backend.built if r.run_config.has("pdl"))
+        if stack:  # leaving fused_layer out takes pdl with it
+            left_out = {t.candidate.config.label for t in ladder.trials if t.candidate.text == "-fused_layer"}
+            assert left_out == {"levers=(stock)"}
 
 
 def test_a_no_op_lever_is_rarely_adopted() -> None:
@@ -120,6 +138,16 @@ def test_a_no_op_lever_is_rarely_adopted() -> None:
     rate = sum(bool(adopted(ladder)) for ladder in runs) / len(runs)
     assert rate < 0.05
     assert all(ladder.trials[0].result.verdict in ("neutral", "win", "loss", "no-lever") for ladder in runs)
+
+
+def test_a_no_op_lever_in_the_stack_rarely_stays() -> None:
+    """200 climbs where the stack holds a lever that wins (graphs) and one that changes nothing: the no-op stays
+    in the final configuration in fewer than 5% (leaving it out must read slower to keep it)."""
+    runs = [climb({"graphs": Effect(decode=0.5)}, {"graphs", "packed_qkv"}, seed=seed, noise=0.05)[0]
+            for seed in range(200)]
+    assert all(ladder.trials[0].candidate.text.startswith("stack: ") for ladder in runs)
+    assert all(ladder.final.has("graphs") for ladder in runs)
+    assert sum(ladder.final.has("packed_qkv") for ladder in runs) / len(runs) < 0.05
 
 
 def test_gain_weighs_the_workload_and_refuses_what_is_not_a_win() -> None:

@@ -69,6 +69,11 @@ class RunConfig:
             raise InputError(f"lever {setting.text} is already on")
         return RunConfig(self.levers + (setting,), self.speculation)
 
+    def without(self, name: str) -> "RunConfig":
+        """This configuration with lever `name` off, and every lever that requires it."""
+        return RunConfig(tuple(s for s in self.levers if s.name != name and name not in s.lever.requires),
+                         self.speculation)
+
     @classmethod
     def from_flags(cls, levers: str | None, spec: str | None = None, depth: str | None = None) -> "RunConfig":
         """From `--levers`, `--spec` and `--spec-depth`."""

@@ -14,6 +14,16 @@ wins alone, the round's neutral candidates that leaned the right way (no phase s
 together once: small gains inside the noise one by one can clear it as a bundle. The next round measures the new
 configuration and asks again; the climb stops when a round adopts nothing, or the budget is spent (it says which):
 a round's best winner, judged already, is adopted even where the budget ran out during its round.
+
+The stack comes first: every candidate that can simply be switched on (one setting, not approximating, not a weight
+format of its own, no speculation) is added, most promising first, as far as the table lets them run together (a
+clash is settled by the larger expected gain; a requirement once on opens what needs it), and the whole stack is
+judged against the start in one A/B. Where it wins, rounds of leaving one out follow: each member is judged by
+removing it (with what requires it) from the stack; the removal that gains most is adopted and the round repeats;
+where none gains, the members whose removal changed nothing (`neutral`: no phase shown slower) are removed together,
+once confirmed; a lever left out is not proposed again. So a lever that helps only beside another stays, one that loses in combination goes, a no-op goes — and the climb
+starts its rounds from a graphed, fused step instead of an eager one whose every measurement is slow and noisy.
+Where the stack does not win, the rounds climb from the start one lever at a time.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar
 
 from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.engine.levers import LeverSetting
 from kerneltriage.triage.candidates import Candidate, Refused
 from kerneltriage.triage.ladder import Ladder, Rung, Standing, Trial
 from kerneltriage.triage.measure import LeverResult
@@ -109,11 +120,13 @@ class Climb:
     favor: str = "balanced"
     seconds: float = math.inf
     tell: Tell = lambda what: None
+    stack: bool = True  # judge the stack of every simple candidate first (False: one lever at a time from the start)
 
     def __post_init__(self) -> None:
         if self.favor not in FAVORS:
             raise ValueError(f"favor {self.favor!r}: expected one of {FAVORS}")
         self._refused_at_build: dict[str, str] = {}
+        self._settled: set[str] = set()  # levers left out of the stack: judged there, not proposed again
 
     @property
     def spent(self) -> bool:
@@ -126,7 +139,8 @@ class Climb:
         base = self.bench.profiled(base)
         self._start = dict(base.breakdowns)  # the start's profile: op classes for steps whose profile has none
         ladder = Ladder([Rung("", "", base.standing())], bases=[(start.label, self.bench.elapsed() - began)])
-        for number in range(1, MAX_ROUNDS + 1):
+        base, done = self._stacked(base, ladder) if self.stack else (base, 0)
+        for number in range(done + 1, MAX_ROUNDS + 1):
             if self.spent:
                 ladder.stop = f"budget spent ({self.seconds:.0f} s) before round {number}"
                 break
@@ -141,9 +155,80 @@ class Climb:
         ladder.seconds = self.bench.elapsed()
         return ladder, base
 
+    def _stacked(self, base: Base, ladder: Ladder) -> tuple[Base, int]:
+        """The stack judged against the start; where it wins, rounds of leaving one out. The base the rounds go on
+        from, and the rounds spent."""
+        stack, members = self._stack_of(base)
+        if len(members) < BUNDLE_MIN:
+            return base, 0
+        ladder.rounds = 1
+        self.tell(f"round 1: the stack {stack.text}")
+        trial = self._judge(1, base, stack)
+        ladder.trials.append(trial)
+        if self._gain(trial, base) is None:
+            return base, 1
+        base = self._adopt(base, trial, ladder)
+        number = 1
+        while number < MAX_ROUNDS and not self.spent:
+            number += 1
+            ladder.rounds = number
+            removal = self._leave_out(number, base, members, ladder)
+            if removal is None:
+                break
+            base = self._adopt(base, removal, ladder)
+            self._settled |= {m for m in members if not removal.candidate.config.has(m)}
+            members = [m for m in members if removal.candidate.config.has(m)]
+            if removal.result is None or removal.result.verdict != "win":
+                break  # what changed nothing went; the others were each shown to matter against this very stack
+        return base, number
+
+    def _stack_of(self, base: Base) -> tuple[Candidate, list[str]]:
+        """Every stackable candidate on top of the base, most promising first, each added where the table lets it
+        run beside what was added before it: the stack as one candidate, and its members' lever names."""
+        config, members, names = base.config, list[Candidate](), list[str]()
+        while True:
+            found, _ = self.propose(config, base.breakdowns, self._start)
+            fresh = [(c, s) for c in found if (s := _added(config, c)) is not None and _stackable(s)
+                     and s.name not in names]
+            if not fresh:
+                break
+            (candidate, setting), config = fresh[0], fresh[0][0].config
+            members.append(candidate)
+            names.append(setting.name)
+        text = ",".join(m.text for m in members)
+        question = members[0].question if members else "dispatch"
+        return Candidate(f"stack: {text}", question, config, {}), names
+
+    def _leave_out(self, number: int, base: Base, members: Sequence[str], ladder: Ladder) -> Trial | None:
+        """One round of leaving each member out of the base: the removal that gains most, else (none gains) the
+        members whose removal is `neutral` (no phase shown slower), removed together once that is confirmed; None:
+        all stay (leaving any out is shown slower)."""
+        trials = []
+        for name in members:
+            if self.spent:
+                ladder.stop = f"budget spent ({self.seconds:.0f} s) in round {number}"
+                break
+            config = base.config.without(name)
+            trial = self._judge(number, base, Candidate(f"-{name}", "delete", config, {}))
+            ladder.trials.append(trial)
+            trials.append(trial)
+        gains = [(gained, t) for t in trials if (gained := self._gain(t, base)) is not None]
+        if gains:
+            return max(gains, key=lambda pair: pair[0])[1]
+        idle = [t for t in trials if t.result is not None and t.result.verdict == "neutral"]  # no phase shown slower
+        if len(idle) < 2 or self.spent:
+            return idle[0] if len(idle) == 1 else None
+        config = base.config
+        for t in idle:
+            config = config.without(t.candidate.text.removeprefix("-"))
+        together = self._judge(number, base, Candidate(",".join(t.candidate.text for t in idle), "delete", config, {}))
+        ladder.trials.append(together)
+        return together if together.result is not None and together.result.verdict in ("win", "neutral") else None
+
     def _round(self, number: int, base: Base, ladder: Ladder) -> tuple[Base, bool]:
         base = self.bench.profiled(base)
         found, refused = self.propose(base.config, base.breakdowns, self._start)
+        found = [c for c in found if (s := _added(base.config, c)) is None or s.name not in self._settled]
         ladder.refused = refused
         trials = self._try_all(number, base, found, ladder)
         winners = sorted((t for t in trials if self._gain(t, base) is not None),
@@ -247,3 +332,15 @@ class Climb:
         self.bench.release(base)
         ladder.rungs.append(Rung(trial.candidate.text, trial.candidate.question, new.standing(), trial))
         return new
+
+
+def _added(config: RunConfig, candidate: Candidate) -> LeverSetting | None:
+    """The setting a lever candidate adds to `config` (None: it adds speculation, not a lever)."""
+    return next((s for s in candidate.config.levers if s not in config.levers), None)
+
+
+def _stackable(setting: LeverSetting) -> bool:
+    """Switched on as it is: one setting (no choice, no kernel to name), computes the same function, keeps the
+    stock weights' values. Choices, approximations and weight formats are judged one by one in the rounds."""
+    lever = setting.lever
+    return not lever.takes_value and lever.numerics != "approximates" and not lever.own_values
