@@ -21,8 +21,9 @@ clash is settled by the larger expected gain; a requirement once on opens what n
 judged against the start in one A/B. Where it wins, rounds of leaving one out follow: each member is judged by
 removing it (with what requires it) from the stack; the removal that gains most is adopted and the round repeats;
 where none gains, the members whose removal changed nothing (`neutral`: no phase shown slower) are removed together,
-once confirmed; a lever left out is not proposed again. So a lever that helps only beside another stays, one that loses in combination goes, a no-op goes — and the climb
-starts its rounds from a graphed, fused step instead of an eager one whose every measurement is slow and noisy.
+once confirmed; a lever left out is not proposed again. So a lever that helps only beside another stays, one that
+loses in combination goes, a no-op goes — and the climb starts its rounds from a graphed, fused step instead of an
+eager one whose every measurement is slow and noisy.
 Where the stack does not win, the rounds climb from the start one lever at a time.
 """
 
@@ -162,7 +163,6 @@ class Climb:
         if len(members) < BUNDLE_MIN:
             return base, 0
         ladder.rounds = 1
-        self.tell(f"round 1: the stack {stack.text}")
         trial = self._judge(1, base, stack)
         ladder.trials.append(trial)
         if self._gain(trial, base) is None:
