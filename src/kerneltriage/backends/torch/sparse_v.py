@@ -3,7 +3,7 @@ threshold (sparse-V). The split design, in plain torch ops (CPU and CUDA):
 
   scores = q·Kᵀ/√D (every key is still read: the weights are what decide), softmax in float32,
   keep row s of KV head j when any of j's G query heads gives it weight ≥ threshold,
-  gather the kept V rows only, out = Σ over kept rows of weight · v.
+  per KV head, gather its kept V rows only and out = (G, n) kept weights @ (n, D) kept rows (one small GEMM).
 
 Dropped rows are not renormalised away: their weights (each < threshold, S·threshold in all at most) are simply
 missing from the sum, so the error in each output is at most S·threshold·max|v|. The gather's size depends on the
@@ -40,11 +40,12 @@ def sparse_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     if mask is not None:
         scores = scores.masked_fill(~mask[-1], float("-inf"))
     weights = scores.softmax(-1)
-    head, row = (weights >= threshold).any(1).nonzero(as_tuple=True)  # (n,) each: the V rows some query needs
-    picked = values[head, row].float()  # (n, D): only these V rows are read
-    out = torch.zeros(batch * kv_heads, groups, dim, device=q.device, dtype=torch.float32)
-    out.index_add_(0, head, weights[head, :, row].unsqueeze(-1) * picked.unsqueeze(1))  # (n, G, D) into heads
-    return out.reshape(batch, heads, 1, dim).to(q.dtype), int(head.numel())
+    keep = (weights >= threshold).any(1)  # (B·Hkv, S): the V rows some query head of the group needs
+    counts = keep.sum(-1).tolist()  # the host learns each head's kept rows: the sync no graph can capture
+    rows = keep.nonzero(as_tuple=True)[1].split(counts)  # per KV head, its kept rows in order
+    # per KV head: (G, n) weights of the kept rows @ (n, D) those rows of V, the only V rows read
+    out = torch.stack([weights[h][:, kept] @ values[h][kept].float() for h, kept in enumerate(rows)])  # (B·Hkv, G, D)
+    return out.reshape(batch, heads, 1, dim).to(q.dtype), sum(counts)
 
 
 def sparse_v(runner: Runner, value: str | None = None) -> None:
