@@ -54,7 +54,8 @@ def test_json_html_and_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         assert trial["verdict"] not in ("indicative", "invalid"), ab["reason"]  # ran, proven, ≥ 5 pairs
         assert set(ab["phases"]) == {"prefill", "decode"}
         assert all(p["ratio"]["confidence"] >= 0.9 for p in ab["phases"].values())  # the sequential level
-        assert ab["counters"][trial["candidate"]["text"]] > 0  # the candidate ran
+        text = trial["candidate"]["text"]  # a lever, the stack (a+b+…) or a member left out of it (-a)
+        assert all(ab["counters"][name] > 0 for name in ([] if text.startswith("-") else text.split("+")))
         assert ("greedy digests equal" in ab["correctness"]) == (trial["verdict"] in ("win", "traded"))
     untimed = [t for t in ladder["trials"] if t["ab"] is None]
     assert all(t["note"] for t in untimed)

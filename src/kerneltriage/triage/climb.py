@@ -195,9 +195,8 @@ class Climb:
             (candidate, setting), config = fresh[0], fresh[0][0].config
             members.append(candidate)
             names.append(setting.name)
-        text = ",".join(m.text for m in members)
         question = members[0].question if members else "dispatch"
-        return Candidate(f"stack: {text}", question, config, {}), names
+        return Candidate("+".join(m.text for m in members), question, config, {}), names
 
     def _leave_out(self, number: int, base: Base, members: Sequence[str], ladder: Ladder) -> Trial | None:
         """One round of leaving each member out of the base: the removal that gains most, else (none gains) the

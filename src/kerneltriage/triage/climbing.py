@@ -108,7 +108,10 @@ def _finding(result: LeverResult, question: str, when: str) -> Finding | None:
         return None
     text = result.lever
     spec = text.startswith("spec=")
-    fix = f"--spec {text.removeprefix('spec=')}" if spec else f"--levers {text.replace('+', ',')}"
-    lever = None if spec or "+" in text else text.split("=")[0]
+    left_out = text.startswith("-")  # the stack's member whose removal won (a ",-" list: several together)
+    fix = (f"--spec {text.removeprefix('spec=')}" if spec else
+           f"leave {text.replace(',-', ', ').removeprefix('-')} out of --levers" if left_out else
+           f"--levers {text.replace('+', ',')}")
+    lever = None if spec or left_out or "+" in text else text.split("=")[0]
     return Finding(question, f"lever-{text}", f"{text}: {phase} {ratio:.2f}× ({result.verdict}; {when})",
                    {"ab": result.to_dict()}, ratio, ratio, "measured", fix, phase, lever)
