@@ -150,6 +150,16 @@ def test_a_no_op_lever_in_the_stack_rarely_stays() -> None:
     assert sum(ladder.final.has("packed_qkv") for ladder in runs) / len(runs) < 0.05
 
 
+def test_small_parts_that_add_up_stay_in_the_stack() -> None:
+    """Three levers worth 2.5% of prefill each (inside the noise one by one) and one that wins: leaving each out
+    alone is neutral, but together they are 7% of prefill, so they stay."""
+    small = {name: Effect(prefill=0.975) for name in ("packed_qkv", "packed_gate_up", "last_logits")}
+    ladder, _ = climb({"graphs": Effect(decode=0.5), **small}, {"graphs", *small})
+    together = [t for t in ladder.trials if t.round == 2 and t.candidate.text.count("-") > 1]
+    assert together and together[0].result.phases["prefill"]["slower"]
+    assert set(ladder.final.lever_names) == {"graphs", *small}
+
+
 def test_gain_weighs_the_workload_and_refuses_what_is_not_a_win() -> None:
     class Result:  # the part of a LeverResult `gain` reads
         def __init__(self, verdict: str, prefill: float, decode: float, won: str = "") -> None:

@@ -20,10 +20,10 @@ format of its own, no speculation) is added, most promising first, as far as the
 clash is settled by the larger expected gain; a requirement once on opens what needs it), and the whole stack is
 judged against the start in one A/B. Where it wins, rounds of leaving one out follow: each member is judged by
 removing it (with what requires it) from the stack; the removal that gains most is adopted and the round repeats;
-where none gains, the members whose removal changed nothing (`neutral`: no phase shown slower) are removed together,
-once confirmed; a lever left out is not proposed again. So a lever that helps only beside another stays, one that
-loses in combination goes, a no-op goes — and the climb starts its rounds from a graphed, fused step instead of an
-eager one whose every measurement is slow and noisy.
+where none gains, the members whose removal changed nothing (`neutral`) are removed together where that is
+confirmed with no phase slower; a lever left out is not proposed again. So a lever that helps only beside another
+stays, one that loses in combination goes, a no-op goes — and the climb starts its rounds from a graphed, fused step
+instead of an eager one whose every measurement is slow and noisy.
 Where the stack does not win, the rounds climb from the start one lever at a time.
 """
 
@@ -200,8 +200,9 @@ class Climb:
 
     def _leave_out(self, number: int, base: Base, members: Sequence[str], ladder: Ladder) -> Trial | None:
         """One round of leaving each member out of the base: the removal that gains most, else (none gains) the
-        members whose removal is `neutral` (no phase shown slower), removed together once that is confirmed; None:
-        all stay (leaving any out is shown slower)."""
+        members whose removal is `neutral`, removed together where that is confirmed with no phase slower (the
+        verdict rule's sense: its estimate below the band; several parts inside the noise can add up to more);
+        None: all stay."""
         trials = []
         for name in members:
             if self.spent:
@@ -222,7 +223,10 @@ class Climb:
             config = config.without(t.candidate.text.removeprefix("-"))
         together = self._judge(number, base, Candidate(",".join(t.candidate.text for t in idle), "delete", config, {}))
         ladder.trials.append(together)
-        return together if together.result is not None and together.result.verdict in ("win", "neutral") else None
+        result = together.result  # their small parts add up: together they go only where no phase is slower
+        gone = result is not None and result.verdict in ("win", "neutral") and not any(
+            record.get("slower") for record in result.phases.values())
+        return together if gone else None
 
     def _round(self, number: int, base: Base, ladder: Ladder) -> tuple[Base, bool]:
         base = self.bench.profiled(base)
