@@ -97,6 +97,7 @@ class FakeRunner:
     calls: list[str] = field(default_factory=list)  # the fake device's log: what ran, in order
     name: str = ""
     counters: Counter = field(default_factory=Counter)
+    approximations: list[str] = field(default_factory=list)
     backend: str = "fake"
     device: str = "cpu"
     device_type: str = "cpu"

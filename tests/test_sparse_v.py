@@ -219,3 +219,22 @@ def test_a_coarse_threshold_fails_the_declared_metrics(monkeypatch: pytest.Monke
     result = equivalence.check_outputs(BACKEND, a, b)
     assert not result.passed and "FAILS" in result.detail, result.detail
     assert result.quality["maxlogit<=0.1"][0] > 0.1
+
+
+def test_the_fused_kernel_is_judged_by_its_declared_metrics_in_ab() -> None:
+    pytest.importorskip("triton")
+    ref = "kerneltriage.kernels.sparse_v_attention:SPARSE_V"
+    checkpoint = tiny_checkpoint("llama", max_context=96)  # in Triton's interpreter: 48 passage tokens, 47 greedy
+    a = BACKEND.build(checkpoint, RunConfig(), "cpu", "float32")
+    b = BACKEND.build(checkpoint, RunConfig.from_flags(f"kernel={ref}"), "cpu", "float32")
+    assert b.approximations == [LEVERS["sparse_v"].quality]
+    result = equivalence.check_outputs(BACKEND, a, b)
+    assert set(result.quality) == {"maxlogit<=0.1", "ppl<=1.001", "greedy>=0.9"}, result.detail
+    assert result.passed, result.detail
+
+
+def test_a_kernel_declaring_an_unknown_metric_is_refused() -> None:
+    from kerneltriage.engine.kernels import Kernel
+
+    with pytest.raises(ValueError):
+        Kernel("attn.decode", lambda *args, out: out, quality="bleu>=0.3")

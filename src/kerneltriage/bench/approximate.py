@@ -27,8 +27,9 @@ Judged = dict[str, tuple[float, bool]]  # declared metric → (value, holds)
 
 def declared_quality(runner: Runner) -> list[Quality]:
     """The metrics the runner's approximating levers declare (a lever declares them exactly when it approximates:
-    levers.Lever checks it), each once."""
+    levers.Lever checks it) and its approximating kernels (engine/kernels.Kernel.quality), each once."""
     texts = [s.lever.quality for s in runner.run_config.levers if s.lever.quality is not None]
+    texts += runner.approximations
     found = {q.text: q for text in texts for q in Quality.parse_all(text)}
     return list(found.values())
 

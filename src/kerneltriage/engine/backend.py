@@ -176,6 +176,7 @@ class Runner(Steps, Protocol):
     run_config: "RunConfig"
     backend: str
     speculation: "Speculating | None"
+    approximations: list[str]  # the declared quality metrics of the custom kernels it runs that approximate
 
     @property
     def device(self) -> object:

@@ -18,6 +18,7 @@ from typing import Any, Callable
 from kerneltriage.core import integrity
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.levers import SEAMS
+from kerneltriage.engine.quality import Quality
 
 
 SEAM_INPUTS: dict[str, tuple[str, ...]] = {
@@ -36,18 +37,22 @@ CausalFn = Callable[[int, int, int], Any]
 
 @dataclass(frozen=True)
 class Kernel:
-    """A custom kernel: the seam it replaces, the callable, and whether it claims to be exact."""
+    """A custom kernel: the seam it replaces, the callable, and whether it claims to be exact — or, for one that
+    approximates on purpose (sparse-V), the quality metrics that judge it in `ab` instead of a logit tolerance."""
 
     seam: str
     fn: Callable[..., Any]
     exact: bool = False
     name: str = ""
+    quality: str | None = None
 
     def __post_init__(self) -> None:
         if self.seam not in SEAMS:
             raise ValueError(f"kernel {self.name or self.fn!r}: seam {self.seam!r} not in {', '.join(SEAMS)}")
         if not callable(self.fn):
             raise ValueError(f"kernel {self.name}: fn is not callable")
+        if self.quality is not None:
+            Quality.parse_all(self.quality)
 
 
 def load_kernel(ref: str) -> Kernel:

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from kerneltriage.engine.kernels import Kernel
+from kerneltriage.engine.levers import LEVERS
 from kerneltriage.engine.sparsity import SPARSE_THRESHOLD
 from kerneltriage.kernels.split_kv_attention import BLOCK_S, ROWS_MIN, _combine, _splits
 
@@ -125,4 +126,5 @@ def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     return sparse_decode_attention(q, k, v, mask, out)
 
 
-SPARSE_V = Kernel("attn.decode", _decode, name="sparse_v_attention")
+# judged like the sparse_v lever: by its declared metrics, not by a split-KV kernel's logit tolerance
+SPARSE_V = Kernel("attn.decode", _decode, name="sparse_v_attention", quality=LEVERS["sparse_v"].quality)

@@ -96,6 +96,8 @@ def install(runner: Runner, ref: str | None) -> None:
     kernel that does not run on this device, is an InputError."""
     kernel = runnable(runner, ref or "")
     WIRED[kernel.seam](runner, _counted(runner, f"kernel={ref}", kernel.fn))
+    if kernel.quality is not None:
+        runner.approximations.append(kernel.quality)
 
 
 def runnable(runner: Runner, ref: str) -> Kernel:

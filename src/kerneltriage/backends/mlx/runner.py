@@ -74,6 +74,7 @@ class Runner(RunnerBase):
     speculation: "Speculating | None" = None
     # Proof of execution: every lever's replacement code counts its own runs here.
     counters: Counter = field(default_factory=Counter)
+    approximations: list[str] = field(default_factory=list)  # installed kernels' declared quality (engine/quality.py)
     backend: str = "mlx"
     compact_limit: int = 0  # the most allowed rows a decode step computes alone (vocab_compact); 0: never
     compact_step: "CompactStepFn | None" = None  # (model, token (1, 1), start, rows) -> logits (1, V)

@@ -80,4 +80,6 @@ def install(runner: Runner, ref: str | None) -> Kernel:
     if kernel.seam not in runner.model.SEAMS:
         raise InputError(f"kernel={ref}: a {runner.config.arch} model has no {kernel.seam} seam")
     WIRED[kernel.seam](runner, _call(runner, f"kernel={ref}", kernel, kernel.seam))
+    if kernel.quality is not None:
+        runner.approximations.append(kernel.quality)
     return kernel

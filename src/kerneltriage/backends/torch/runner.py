@@ -91,6 +91,7 @@ class Runner(RunnerBase):
     compact_step: "CompactStepFn | None" = None  # (model, token (1, 1), start, rows) -> logits (1, V)
     # Proof of execution: every lever's replacement code counts its own runs here.
     counters: Counter = field(default_factory=Counter)
+    approximations: list[str] = field(default_factory=list)  # installed kernels' declared quality (engine/quality.py)
     backend: str = "torch"
     _pinned: list[torch.Tensor] = field(default_factory=list, repr=False)
 
