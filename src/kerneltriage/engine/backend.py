@@ -211,6 +211,10 @@ class Runner(Steps, Protocol):
     def drop_cache(self) -> None:
         """Free the cache (the next reset allocates exactly what it needs)."""
 
+    def use_loop(self, loop: Any | None = None, slack: int = 0) -> None:
+        """Decode through `loop` (None: keep the current one), with at least `slack` cache slots past the last
+        position: how one_sync and speculation change a runner's token loop (engine/runner_base.py)."""
+
     def prefill(self, tokens: Sequence[int], start: int) -> Array:
         """Prefill host tokens at positions start…: logits (1, V) of the last position."""
 

@@ -54,6 +54,13 @@ class RunnerBase:
     def config(self) -> "ModelConfig":
         return self.checkpoint.config
 
+    def use_loop(self, loop: Any | None = None, slack: int = 0) -> None:
+        """Decode through `loop` (one_sync's pipelined loop, speculation's decoder; None: keep the current one),
+        with at least `slack` cache slots past the last position (a verify or a padded prefill writes there)."""
+        if loop is not None:
+            self.token_loop = loop
+        self.cache_slack = max(self.cache_slack, slack)
+
     @property
     def levers(self) -> tuple[str, ...]:
         return self.run_config.lever_names

@@ -36,7 +36,7 @@ def last_logits(runner: Runner, value: str | None = None) -> None:
 def one_sync(runner: Runner, value: str | None = None) -> None:
     """dispatch: one host readback per token, and step n+1 scheduled (`mx.async_eval`, in the sampler) before
     token n is read: the pipelining mlx-lm's generate_step does."""
-    runner.token_loop = pipelined_loop
+    runner.use_loop(pipelined_loop)
 
 
 def _stacked(parts: list[nn.Module]) -> nn.Module:

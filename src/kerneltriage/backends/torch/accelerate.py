@@ -72,7 +72,7 @@ def prefill_graphs(runner: Runner, value: str | None = None, capture_fn: Capture
     The buckets' graphs share one memory pool (they never replay at once): a long prompt's activations are held
     once, not once per bucket seen."""
     runner.cache_type = StaticKVCache
-    runner.cache_slack = max(runner.cache_slack, PREFILL_BUCKET - 1)  # room for the filler past any prompt
+    runner.use_loop(slack=PREFILL_BUCKET - 1)  # room for the filler past any prompt
     runner.prefill_step = GraphedPrefill(runner, capture_fn)
 
 

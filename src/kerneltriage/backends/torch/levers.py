@@ -37,7 +37,7 @@ def last_logits(runner: Runner, value: str | None = None) -> None:
 
 def one_sync(runner: Runner, value: str | None = None) -> None:
     """dispatch: one host readback per token, and the next step queued before the previous token is read."""
-    runner.token_loop = pipelined_loop
+    runner.use_loop(pipelined_loop)
 
 
 def _packed(runner: Runner, lever: str, module: nn.Module, names: tuple[str, ...]) -> Callable:

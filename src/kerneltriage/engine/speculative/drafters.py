@@ -80,7 +80,6 @@ def install(runner: Any, speculation: Speculation, drafter: Drafter, slack: int 
     with `one_sync` its steps are queued ahead where they can run resident (resident.py), with room for them."""
     decoder = SpeculativeDecoder(speculation, drafter, queue_ahead=runner.run_config.has(ONE_SYNC))
     resident = decoder.queue_ahead and getattr(runner, "resident", False)
-    runner.cache_slack = max(runner.cache_slack, decoder.deepest(runner), slack, RESIDENT_SLACK if resident else 0)
-    runner.token_loop = decoder
+    runner.use_loop(decoder, max(decoder.deepest(runner), slack, RESIDENT_SLACK if resident else 0))
     runner.speculation = decoder
     return decoder
