@@ -25,6 +25,35 @@ def test_verified_greedy_is_the_token_loops_greedy(draft: str) -> None:
     assert outputs.verified_greedy(runner, PROMPT, 40, drafts[draft]) == truth
 
 
+@pytest.mark.parametrize("draft", ["itself", "half", "none", "wrong"])
+def test_verified_greedy_stops_at_the_first_disagreement_when_asked(draft: str) -> None:
+    runner = tiny_runner("llama")
+    truth = list(generate_step(runner, PROMPT, GREEDY, 40))
+    drafts = {"itself": truth, "half": truth[:20] + [(t + 1) % 64 for t in truth[20:]], "none": [],
+              "wrong": [(t + 1) % 64 for t in truth]}
+    got = outputs.verified_greedy(runner, PROMPT, 40, drafts[draft], until_disagreement=True)
+    expected = {"itself": 40, "half": 21, "none": 40, "wrong": 1}[draft]  # no draft: nothing to disagree with
+    assert got == truth[:expected]
+
+
+def test_a_stock_side_against_a_differing_side_is_verified_only_to_the_first_difference(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The digest of a stock A against a B whose tokens part from A's: A's forwards stop there (an eager stock
+    A past it would take one forward a token), its digest differs, and the tokens forced on are A's to there, B's
+    after."""
+    a = tiny_runner("llama")
+    b = BACKEND.copy(a, RunConfig.from_flags("packed_qkv"))
+    truth = list(generate_step(a, PROMPT, GREEDY, 40))
+    parted = truth[:10] + [(t + 1) % 64 for t in truth[10:]]
+    monkeypatch.setattr(outputs, "token_digest", lambda runner, prompts, count, kept=None: ("b", [parted]))
+    forwards: list[int] = []
+    real = a.forced_logits
+    monkeypatch.setattr(a, "forced_logits", lambda *args: forwards.append(1) or real(*args))
+    (digest_a, fed), (digest_b, _) = outputs.digests(a, b, [PROMPT], 40, None)
+    assert digest_a != digest_b and len(forwards) == 1
+    assert fed == [truth[:11] + parted[11:]]
+
+
 def test_exact_difference_reads_the_lever_table() -> None:
     base = tiny_runner("llama", "fused_norm")
     assert equivalence.exact_difference(base, BACKEND.copy(base, RunConfig.from_flags("fused_norm,one_sync")))

@@ -89,27 +89,34 @@ def forced_rows(runner: Runner, prompts: Sequence[Sequence[int]], count: int,
 
 def digests(a: Runner, b: Runner, prompts: Sequence[Sequence[int]], count: int, kept: Outputs | None
              ) -> tuple[tuple[str, list[list[int]]], tuple[str, list[list[int]]]]:
-    """Both sides' digests. Where A is stock and B computes another arithmetic (the logits decide, not the tokens),
-    A's greedy continuation is verified over B's tokens in causal forwards (`verified_greedy`) instead of being
-    decoded a token at a time: a climb's stock start is eager, and 300 eager steps cost seconds. Not under a constraint:
-    the forced rows' argmax is unconstrained, where the token loop samples through the constraint's mask."""
+    """Both sides' digests and the tokens a check forces. Where A is stock and B computes another arithmetic (the
+    logits decide, not the tokens), A's greedy continuation is verified over B's tokens in causal forwards
+    (`verified_greedy`) instead of being decoded a token at a time — a climb's stock start is eager, and 300 eager
+    steps cost seconds — and only as far as the first token where A disagrees: past it, A's own continuation would
+    take a forward a token (the digests differ there already), so its tokens are A's up to and including that one
+    and B's after it (a fixed sequence for the logits to be forced on). Not under a constraint: the forced rows'
+    argmax is unconstrained, where the token loop samples through the constraint's mask."""
     if a.run_config.levers or a.speculation is not None or not b.run_config.changes_numerics \
             or a.checkpoint.grammar is not None:
         return token_digest(a, prompts, count, kept), token_digest(b, prompts, count, kept)
     theirs = token_digest(b, prompts, count, kept)
 
     def make() -> tuple[str, list[list[int]]]:
-        ids = [verified_greedy(a, prompt, count, draft) for prompt, draft in zip(prompts, theirs[1])]
-        return hashlib.sha256(json.dumps(ids).encode()).hexdigest(), ids
+        own = [verified_greedy(a, prompt, count, draft, until_disagreement=True)
+               for prompt, draft in zip(prompts, theirs[1])]
+        fed = [mine + list(draft[len(mine):count]) for mine, draft in zip(own, theirs[1])]
+        return hashlib.sha256(json.dumps(own).encode()).hexdigest(), fed
 
-    ours = make() if kept is None else kept.get(a, ("verified", frozen(prompts), count), make)
+    ours = make() if kept is None else kept.get(a, ("verified", frozen(prompts), count, frozen(theirs[1])), make)
     return ours, theirs
 
 
-def verified_greedy(runner: Runner, prompt: Sequence[int], count: int, draft: Sequence[int]) -> list[int]:
+def verified_greedy(runner: Runner, prompt: Sequence[int], count: int, draft: Sequence[int],
+                    until_disagreement: bool = False) -> list[int]:
     """`count` greedy tokens of a stock runner after `prompt`, verified in causal forwards over `draft` (speculative
     verification: each forward accepts the draft up to its first disagreement and adds the runner's own token there).
-    The same function as its token loop, computed at once (forced_logits takes one forward for a stock runner)."""
+    The same function as its token loop, computed at once (forced_logits takes one forward for a stock runner).
+    `until_disagreement`: stop at the first token where the runner disagrees with the draft (that token included)."""
     tokens: list[int] = []
     guess = list(draft[: count - 1])
     while len(tokens) < count:
@@ -120,4 +127,7 @@ def verified_greedy(runner: Runner, prompt: Sequence[int], count: int, draft: Se
             if len(tokens) == count or (i < len(fed) and tokens[-1] != fed[i]):
                 guess = tokens[:]  # past a disagreement the draft says nothing
                 break
+        at = len(tokens) - 1  # the last token taken: where a disagreement stopped this forward
+        if until_disagreement and len(tokens) < count and at < len(draft) and tokens[at] != draft[at]:
+            return tokens
     return tokens
