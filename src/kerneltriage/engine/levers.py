@@ -225,6 +225,14 @@ def _clash(lever: Lever, other: str, place: Place) -> str | None:
                  and place.device_type in clash.devices), None)
 
 
+def check_applies(place: Place, setting: "LeverSetting", on: tuple["LeverSetting", ...]) -> None:
+    """An InputError when the lever table refuses it beside the levers `on` at `place` (backend, device, seams,
+    architecture, requirements, clashes): what each backend's apply_config asks before a lever is applied."""
+    why = refusal(setting, on, place)
+    if why is not None:
+        raise InputError(f"--levers {setting.text}: {why}")
+
+
 def refusal(setting: "LeverSetting", on: tuple["LeverSetting", ...], place: Place) -> str | None:
     """Why `setting` cannot run beside the levers `on` at `place`, from the table alone (None: nothing in the table
     refuses it; its applier may still, for what only the device can say)."""

@@ -45,3 +45,16 @@ def attention_sparsity(runner: Any, tokens: Sequence[int], below: BelowFn,
 def passage_tokens(runner: Any) -> list[int]:
     """The passage in the model's own tokens, cut to fit its context."""
     return runner.checkpoint.tokenizer.encode(PASSAGE)[: runner.config.max_context]
+
+
+def on_stock_copy(backend: Any, runner: Any, probe: Callable[[Any, Sequence[int]], Sparsity]) -> Sparsity:
+    """`probe` (a backend's attention_sparsity) over the passage, on a stock copy of `runner`, released after: the
+    probe reads each layer's weights back to the host, which a captured prefill (prefill_graphs) forbids — the H200
+    raised "operation not permitted when stream is capturing"."""
+    from kerneltriage.engine.configuration import RunConfig
+
+    stock = backend.copy(runner, RunConfig())
+    try:
+        return probe(stock, passage_tokens(stock))
+    finally:
+        backend.release(stock)

@@ -126,15 +126,9 @@ class MlxBackend:
 
     def attention_sparsity(self, runner: Runner) -> Sparsity:
         from kerneltriage.backends.mlx.sparsity import attention_sparsity
-        from kerneltriage.engine.sparsity import passage_tokens
+        from kerneltriage.engine.sparsity import on_stock_copy
 
-        # on a stock copy: the probe reads each layer's weights back to the host, which a captured prefill
-        # (prefill_graphs) forbids — the H200 raised "operation not permitted when stream is capturing"
-        stock = self.copy(runner, RunConfig())
-        try:
-            return attention_sparsity(stock, passage_tokens(stock))
-        finally:
-            self.release(stock)
+        return on_stock_copy(self, runner, attention_sparsity)
 
 
 # declared as the protocol: the type checker holds this backend and its Runner to engine/backend.py

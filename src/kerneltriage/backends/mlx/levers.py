@@ -15,10 +15,9 @@ import mlx.nn as nn
 from kerneltriage.backends.mlx import accelerate, attention_levers, counting, kernel_lever, quant_lever, vocab_compact
 from kerneltriage.backends.mlx.load import keep_stock_weights
 from kerneltriage.backends.mlx.runner import Runner
-from kerneltriage.core.errors import InputError
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.decoding import pipelined_loop
-from kerneltriage.engine.levers import LeverSetting, refusal
+from kerneltriage.engine.levers import check_applies
 
 Applier = Callable[[Runner, str | None], None]  # (runner, the setting's value)
 
@@ -93,20 +92,12 @@ APPLIERS: dict[str, Applier] = {
 }
 
 
-def check_applies(runner: Runner, setting: LeverSetting, on: tuple[LeverSetting, ...]) -> None:
-    """An InputError when the lever table refuses it beside the levers `on` here (backend, device, seams,
-    architecture, requirements, clashes)."""
-    why = refusal(setting, on, runner.place)
-    if why is not None:
-        raise InputError(f"--levers {setting.text}: {why}")
-
-
 def apply_config(runner: Runner, config: RunConfig) -> Runner:
     """Apply the configuration's levers in the table's order (the model's modules, then the steps, then the loop),
     then speculation (it wraps whatever verify step the levers installed); the runner remembers the configuration."""
     on = runner.run_config.levers + config.levers
     for setting in config.levers:
-        check_applies(runner, setting, on)
+        check_applies(runner.place, setting, on)
     for setting in config.levers:
         APPLIERS[setting.name](runner, setting.value)
     runner.run_config = RunConfig(runner.run_config.levers + config.levers, runner.run_config.speculation)

@@ -17,6 +17,7 @@ import mlx.nn as nn
 
 from kerneltriage.backends.mlx.cache import KVCache, Positions
 from kerneltriage.engine.config import ModelConfig
+from kerneltriage.engine.model_base import ModelBase
 
 
 def SDPA(*args: Any, **kwargs: Any) -> mx.array:  # noqa: N802 - stands for mx.fast.scaled_dot_product_attention
@@ -152,7 +153,7 @@ class TransformerBlock(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Model(nn.Module):
+class Model(ModelBase, nn.Module):
     """`hidden(tokens, start)` runs the decoder over the cache; `logits(h)` applies the output head.
 
     They are apart so that callers (and levers) decide which positions need logits. Building one allocates
@@ -173,15 +174,6 @@ class Model(nn.Module):
         self.freqs = mx.zeros((config.head_dim // 2,), dtype=mx.float32)  # RoPE's (torch: inv_freq, their reciprocals)
         self.attention: AttentionFn = sdpa_attention
         self.cache: KVCache | None = None
-
-    def cache_shape(self, max_len: int, batch: int = 1) -> tuple[int, int, int, int, int]:
-        """(L, B, Hkv, S, D): the KV cache this model's attention layers write."""
-        attention = self.layers[0].self_attn
-        return len(self.layers), batch, attention.num_kv_heads, max_len, attention.head_dim
-
-    def tie_weights(self) -> None:
-        if self.config.tie_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
 
     def rope(self, pos: Positions) -> tuple[int | mx.array, mx.array]:
         """RoPE's first position and frequencies: the angles are computed inside `mx.fast.rope`."""

@@ -15,6 +15,7 @@ from torch import nn
 
 from kerneltriage.backends.torch.cache import KVCache, Positions
 from kerneltriage.engine.config import ModelConfig
+from kerneltriage.engine.model_base import ModelBase
 
 Device = torch.device | str | None
 # F.scaled_dot_product_attention or a replacement with its signature (a lever may pin its backend)
@@ -166,7 +167,7 @@ class TransformerBlock(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Model(nn.Module):
+class Model(ModelBase, nn.Module):
     """`hidden(tokens, start)` runs the decoder over the cache; `logits(h)` applies the output head.
 
     They are apart so that callers (and levers) decide which positions need logits.
@@ -191,15 +192,6 @@ class Model(nn.Module):
         self.attention: AttentionFn = sdpa_attention
         self.observe_hidden: HiddenFn = unobserved
         self.cache: KVCache | None = None
-
-    def cache_shape(self, max_len: int, batch: int = 1) -> tuple[int, int, int, int, int]:
-        """(L, B, Hkv, S, D): the KV cache this model's attention layers write."""
-        attention = self.layers[0].self_attn
-        return len(self.layers), batch, attention.num_kv_heads, max_len, attention.head_dim
-
-    def tie_weights(self) -> None:
-        if self.config.tie_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         angles = torch.outer(positions.float(), self.inv_freq)  # (T, D/2)
