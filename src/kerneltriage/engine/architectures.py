@@ -11,6 +11,7 @@ sliding-window layers with their own RoPE base between its global ones.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 ACTIVATIONS = ("silu", "gelu_tanh")
 
@@ -92,3 +93,11 @@ def architecture(name: str) -> Architecture:
         return ARCHITECTURES[name]
     except KeyError:
         raise ValueError(f"architecture {name!r}: expected one of {', '.join(ARCHITECTURES)}") from None
+
+
+def model_classes(package: str) -> dict[str, Any]:
+    """Architecture name → its Model class in a backend's models package (`package`.`name`.Model): the registry
+    each backend derives from these records (one model file per architecture)."""
+    import importlib
+
+    return {name: importlib.import_module(f"{package}.{name}").Model for name in ARCHITECTURES}

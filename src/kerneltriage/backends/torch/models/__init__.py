@@ -1,13 +1,12 @@
-"""The architecture registry: one model file per architecture of `engine/architectures.py` (tests/test_architectures.py
-checks it against the records), the class chosen by `ModelConfig.arch`."""
+"""PyTorch's models, one file per architecture record of `engine/architectures.py` (tests/test_architectures.py checks
+them against the records); `model_class` picks one by `ModelConfig.arch`."""
 
 from __future__ import annotations
 
-from kerneltriage.backends.torch.models import gemma3, llama, qwen2, qwen3
 from kerneltriage.backends.torch.models.llama import Model
+from kerneltriage.engine.architectures import model_classes
 
-MODELS: dict[str, type[Model]] = {"llama": llama.Model, "qwen2": qwen2.Model, "qwen3": qwen3.Model,
-                                  "gemma3": gemma3.Model}
+MODELS: dict[str, type[Model]] = model_classes(__name__)
 
 
 def model_class(arch: str) -> type[Model]:
