@@ -58,7 +58,7 @@ def sparse_v(runner: Runner, value: str | None = None) -> None:
             return inner(q, k, v, pos, sdpa=sdpa)
         counting.ran(runner, "sparse_v")
         out, read = sparse_decode(q, k, v, pos.mask, THRESHOLD)
-        visible = k.shape[1] * (k.shape[2] if pos.mask is None else int(pos.mask[-1].sum()))
+        visible = k.shape[0] * k.shape[1] * (k.shape[2] if pos.mask is None else int(pos.mask[-1].sum()))
         runner.counters["sparse_v.rows_read"] += read
         runner.counters["sparse_v.rows_skipped"] += visible - read
         return out
