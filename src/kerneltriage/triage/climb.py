@@ -20,8 +20,8 @@ format of its own, no speculation) is added, most promising first, as far as the
 clash is settled by the larger expected gain; a requirement once on opens what needs it), and the whole stack is
 judged against the start in one A/B. Where it wins, rounds of leaving one out follow: each member is judged by
 removing it (with what requires it) from the stack; the removal that gains most is adopted and the round repeats;
-where none gains, the members whose removal changed nothing (`neutral`) are removed together where that is
-confirmed with no phase slower; a lever left out is not proposed again. So a lever that helps only beside another
+where none gains, the members whose removal changed nothing (`neutral`) are removed together where that holds (not
+slower twice); a lever left out is not proposed again. So a lever that helps only beside another
 stays, one that loses in combination goes, a no-op goes — and the climb starts its rounds from a graphed, fused step
 instead of an eager one whose every measurement is slow and noisy.
 Where the stack does not win, the rounds climb from the start one lever at a time.
@@ -200,9 +200,9 @@ class Climb:
 
     def _leave_out(self, number: int, base: Base, members: Sequence[str], ladder: Ladder) -> Trial | None:
         """One round of leaving each member out of the base: the removal that gains most, else (none gains) the
-        members whose removal is `neutral`, removed together where that is confirmed with no phase slower (the
-        verdict rule's sense: its estimate below the band; several parts inside the noise can add up to more);
-        None: all stay."""
+        members whose removal is `neutral`, removed together where that holds; None: all stay. A neutral removal
+        holds unless it reads slower (the verdict rule's sense: its estimate below the band) twice: once can be the
+        noise, and several parts inside the noise one by one can add up to more together."""
         trials = []
         for name in members:
             if self.spent:
@@ -215,18 +215,30 @@ class Climb:
         gains = [(gained, t) for t in trials if (gained := self._gain(t, base)) is not None]
         if gains:
             return max(gains, key=lambda pair: pair[0])[1]
-        idle = [t for t in trials if t.result is not None and t.result.verdict == "neutral"]  # no phase shown slower
-        if len(idle) < 2 or self.spent:
-            return idle[0] if len(idle) == 1 else None
+        idle = [t for t in trials if t.result is not None and t.result.verdict == "neutral"]
+        if not idle or self.spent:
+            return None
+        if len(idle) == 1:
+            return idle[0] if self._holds(number, base, idle[0], ladder) else None
         config = base.config
         for t in idle:
             config = config.without(t.candidate.text.removeprefix("-"))
         together = self._judge(number, base, Candidate(",".join(t.candidate.text for t in idle), "delete", config, {}))
         ladder.trials.append(together)
-        result = together.result  # their small parts add up: together they go only where no phase is slower
-        gone = result is not None and result.verdict in ("win", "neutral") and not any(
-            record.get("slower") for record in result.phases.values())
-        return together if gone else None
+        return together if self._holds(number, base, together, ladder) else None
+
+    def _holds(self, number: int, base: Base, removal: Trial, ladder: Ladder) -> bool:
+        """A removal judged neutral or faster, and not slower in any phase — or slower only once, judged again."""
+        for attempt in range(2):
+            result = removal.result
+            if result is None or result.verdict not in ("win", "neutral"):
+                return False
+            if not any(record.get("slower") for record in result.phases.values()):
+                return True
+            if attempt == 0 and not self.spent:
+                removal = self._judge(number, base, removal.candidate)
+                ladder.trials.append(removal)
+        return False
 
     def _round(self, number: int, base: Base, ladder: Ladder) -> tuple[Base, bool]:
         base = self.bench.profiled(base)
