@@ -14,8 +14,8 @@ import torch
 from conftest import tiny_checkpoint
 from kerneltriage.backends.torch import levers as torch_levers
 from kerneltriage.bench import ab
-from kerneltriage.bench.equivalence import (LOGIT_FLOOR, LOGIT_RTOL, REFERENCE_FACTOR, Correctness, check_outputs,
-                                            check_timed)
+from kerneltriage.bench.equivalence import (DIGEST_TOKENS, LOGIT_FLOOR, LOGIT_RTOL, REFERENCE_FACTOR, Correctness,
+                                            check_outputs, check_timed)
 from kerneltriage.cli import ab as cli_ab
 from kerneltriage.cli.main import main
 from kerneltriage.core.errors import InputError
@@ -81,7 +81,7 @@ def test_report_holds_both_phases_both_blocks_and_the_executions() -> None:
     assert report.phase("decode") is report.phases[1] and report.phase("verify") is None
     c = report.correctness
     assert c.passed and c.digest_a == c.digest_b and c.logit_error is None  # exact levers: equal digests, no logits
-    assert c.tokens == 128 - 16 - 1  # one_sync is on the decode path: the window, capped by the tiny context
+    assert c.tokens == DIGEST_TOKENS  # one_sync on the decode path, but no static cache: no graph window to cross
     assert all(len(m.samples) == FAST.pairs for m in report.measurements)
     assert len(report.measurements) == 8  # 2 phases × (A, A') and (A, B)
     # last_logits runs once per prefill (pp samples and each tg sample's prefill), one_sync once per token

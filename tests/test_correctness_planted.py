@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from conftest import rerun_capture, tiny_checkpoint, tiny_runner
+from kerneltriage.backends.torch.cache import StaticKVCache
 from kerneltriage.backends.torch import accelerate, graphed, levers
 from kerneltriage.backends.torch.backend import BACKEND
 from kerneltriage.bench import equivalence
@@ -74,22 +75,29 @@ def _planted_after(runner, position: int) -> None:  # noqa: ANN001 - a decode st
     runner.decode_step = wrong_late
 
 
+def _windowed(runner):  # noqa: ANN001, ANN202 - a static cache, as graphs sets (without a window on the CPU it
+    runner.cache_type = StaticKVCache  # behaves as the plain cache): the check must then cross a graph window
+    return runner
+
+
 @pytest.mark.parametrize("lever", ["one_sync", "fused_norm,one_sync"])  # an exact lever, and a reordering one
 def test_a_wrong_token_after_the_graph_window_is_caught(lever: str) -> None:
     checkpoint = tiny_checkpoint("llama", max_context=512)
     a = BACKEND.build(checkpoint, RunConfig(), "cpu", "float32")
-    b = BACKEND.build(checkpoint, RunConfig.from_flags(lever), "cpu", "float32")
+    b = _windowed(BACKEND.build(checkpoint, RunConfig.from_flags(lever), "cpu", "float32"))
     _planted_after(b, accelerate.GRAPH_WINDOW + 4)
     caught = equivalence.check_outputs(BACKEND, a, b)
     assert caught.tokens == equivalence.WINDOW_TOKENS and not caught.passed
-    control = BACKEND.build(checkpoint, RunConfig.from_flags(lever), "cpu", "float32")
+    control = _windowed(BACKEND.build(checkpoint, RunConfig.from_flags(lever), "cpu", "float32"))
     assert equivalence.check_outputs(BACKEND, a, control).passed
+    plain = BACKEND.build(checkpoint, RunConfig.from_flags(lever), "cpu", "float32")  # no window to cross: short
+    assert equivalence.digest_prompts(a, plain)[1] == equivalence.DIGEST_TOKENS
 
 
 def test_the_window_length_is_what_catches_it(monkeypatch: pytest.MonkeyPatch) -> None:
     checkpoint = tiny_checkpoint("llama", max_context=512)
     a = BACKEND.build(checkpoint, RunConfig(), "cpu", "float32")
-    b = BACKEND.build(checkpoint, RunConfig.from_flags("one_sync"), "cpu", "float32")
+    b = _windowed(BACKEND.build(checkpoint, RunConfig.from_flags("one_sync"), "cpu", "float32"))
     _planted_after(b, accelerate.GRAPH_WINDOW + 4)
     monkeypatch.setattr(equivalence, "WINDOW_TOKENS", equivalence.DIGEST_TOKENS)  # the old 32-token check …
     assert equivalence.check_outputs(BACKEND, a, b).passed  # … passes the fault

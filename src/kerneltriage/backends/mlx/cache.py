@@ -30,6 +30,8 @@ class KVCache:
     `length` is how many positions hold valid entries; `trim` moves it back without touching memory.
     """
 
+    WINDOWED = False  # attends over a fixed window of slots (StaticKVCache): a check runs past one
+
     def __init__(self, shape: tuple[int, int, int, int, int], dtype: mx.Dtype) -> None:
         """`shape` (L, B, Hkv, S, D) comes from the model's own attention layers (`Model.cache_shape`)."""
         layers, *per_layer = shape
@@ -72,6 +74,8 @@ class StaticKVCache(KVCache):
     """Fixed shapes for `mx.compile`: while `window` is set, write at `position` (an int32 array (1,) set before
     each call) and attend over the first `window` slots, masking those past the current position.
     With `window` None it behaves like KVCache (eager prefill on the same buffers)."""
+
+    WINDOWED = True
 
     def __init__(self, shape: tuple[int, int, int, int, int], dtype: mx.Dtype) -> None:
         super().__init__(shape, dtype)

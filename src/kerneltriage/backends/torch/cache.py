@@ -27,6 +27,8 @@ class KVCache:
     `length` is how many positions hold valid entries; `trim` moves it back without touching memory.
     """
 
+    WINDOWED = False  # attends over a fixed window of slots (StaticKVCache): a check runs past one
+
     def __init__(self, shape: tuple[int, int, int, int, int], device: torch.device, dtype: torch.dtype):
         """`shape` (L, B, Hkv, S, D) comes from the model's own attention layers (`Model.cache_shape`)."""
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
@@ -62,6 +64,8 @@ class StaticKVCache(KVCache):
     """Fixed shapes for CUDA graphs: while `window` is set, write at `position` (a device scalar set before
     each replay) and attend over the first `window` slots, masking those past the current position.
     With `window` None it behaves like KVCache (eager prefill on the same buffers)."""
+
+    WINDOWED = True
 
     def __init__(self, shape: tuple[int, int, int, int, int], device: torch.device, dtype: torch.dtype):
         super().__init__(shape, device, dtype)
