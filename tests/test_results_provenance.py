@@ -81,3 +81,9 @@ def test_a_row_says_where_the_numbers_came_from(tmp_path: Path) -> None:
     assert ri.index_row(tmp_path / "r.json", "r.json").endswith(expected)
     assert ri.index_row(tmp_path / "r.html", "r.html").endswith(expected)
     assert ri.index_row(tmp_path / "notes.txt", "notes.txt") == "| `notes.txt` | not recorded | — | — | — | — |"
+
+
+def test_a_row_names_no_folder_of_the_machine_that_wrote_it() -> None:
+    recorded = "kerneltriage triage --html /root/out/t.html --tokenizer s=/root/.cache/kt/tok.json --prompts b/p.jsonl"
+    written = "kerneltriage triage --html DIR/t.html --tokenizer s=DIR/tok.json --prompts b/p.jsonl"
+    assert ri.machine_free(recorded) == written

@@ -5,8 +5,9 @@
     python benchmarks/tools/results_index.py --archive FILE...   # superseded runs into the archive, out of the tree
 
 INDEX.md has one row per file: file → command → git sha → clean → device → date, read from the environment
-that every writer records (core/environment.py: sha, dirty flag, the uncommitted diff's hash, the command). A file
-without one (a text log, an HTML report) takes the environment of the same-named .json beside it, if that has one;
+that every writer records (core/environment.py: sha, dirty flag, the uncommitted diff's hash, the command, its
+absolute folders written DIR/). A file without one (a text log, an HTML report) takes the environment of the
+same-named .json beside it, if that has one;
 otherwise its row says "not recorded". Nothing is guessed.
 
 A citation is any name in README.md, docs/, src/ or benchmarks/ written as `benchmarks/results/NAME` (a file or a
@@ -92,13 +93,22 @@ def _clean(git: dict) -> str:
     return f"dirty ({diff[:8]})" if diff else "dirty"
 
 
+ABSOLUTE = re.compile(r"(?<![\w.])/(?:[\w.+-]+/)+")  # the folders of an absolute path in a recorded command
+
+
+def machine_free(command: str) -> str:
+    """A recorded command without the recording machine's folders: `/root/out/x.html` → `DIR/x.html` (where the
+    output went is that machine's business; the file's name says which output it was)."""
+    return ABSOLUTE.sub("DIR/", command)
+
+
 def index_row(path: Path, name: str) -> str:
     """One INDEX.md row: | file | command | sha | clean | device | date |."""
     env = environment_of(path)
     if env is None:
         return f"| `{name}` | not recorded | — | — | — | — |"
     git = env.get("git") or {}
-    command = (env.get("command") or "not recorded").replace("|", "\\|")
+    command = machine_free(env.get("command") or "not recorded").replace("|", "\\|")
     sha = (git.get("sha") or "—")[:10]
     return (f"| `{name}` | {command if command == 'not recorded' else f'`{command}`'} | {sha} | {_clean(git)} "
             f"| {_device(env)} | {(env.get('captured_at') or '—')[:10]} |")
