@@ -79,6 +79,12 @@ def test_a_shared_machine_gets_no_verdict() -> None:
     assert result.verdict == "contended" and "no verdict" in result.reason
 
 
+def test_an_interval_outside_even_a_wide_band_is_decided() -> None:
+    """The eager 8B decode's A/A band was ±0.78; graphs read B/A [4.87, 8.99]: more than that noise, a win."""
+    assert verdict.band_contention({"prefill": 0.02, "decode": 0.78}, cleared=["decode"]) is None
+    assert verdict.band_contention({"prefill": 0.02, "decode": 0.78}, cleared=["prefill"]) is not None
+
+
 def test_invalid_beats_any_timing() -> None:
     wins = _phases("win", "win")
     differ = verdict.overall_verdict(wins, False, [], "digests differ", contention="busy")

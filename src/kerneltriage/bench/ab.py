@@ -266,7 +266,9 @@ def run_ab(backend: Backend, runners: Mapping[str, Runner], settings: Settings, 
     report = Report(describe(runners, settings), correctness, counters,
                     sorted({key for c in counters.values() for key, n in c.items() if n == 0}),
                     phases, sustained, windows, speculation=speculation)
-    report.contention = verdict.band_contention({p.test.phase: p.band for p in phases}) or _load_contention(report)
+    cleared = [p.test.phase for p in phases if p.verdict.verdict in ("win", "loss")]
+    report.contention = (verdict.band_contention({p.test.phase: p.band for p in phases}, cleared)
+                         or _load_contention(report))
     report.checklist = checklist(report, a.run_config, b.run_config, baseline_evidence)
     report.verdict = verdict.overall_verdict(
         {p.test.phase: p.verdict for p in phases}, correctness.passed, report.silent, correctness.detail,

@@ -14,7 +14,8 @@ is *slower* when its point estimate lies below the band, whatever its CI.
 Overall, first match wins: **invalid** — the judge's seal is broken (a clock or numeric flag the measurement relies
 on was rebound since it was sealed, `core/integrity.py`: a kernel lever's code patching `time.perf_counter`), outputs
 differ beyond tolerance, or a lever's counter stayed at zero;
-**contended** — the machine was shared (load readings) or the A/A band is wider than NOISY_BAND: no verdict;
+**contended** — the machine was shared (load readings) or, in a phase whose B/A interval did not clear it, the A/A
+band is wider than NOISY_BAND: no verdict (an interval entirely outside even a wide band is more than that noise);
 **indicative** — fewer than MIN_PAIRS pairs: what the timing would say, never a win; **traded** — a win in one
 phase and another phase slower; **loss** — a loss in some phase; **win** — a win somewhere, no phase slower;
 **no-lever** — every phase no-lever; **neutral** — anything else.
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 from kerneltriage.core import integrity
 from kerneltriage.core.environment import Snapshot
@@ -148,9 +149,11 @@ def overall_verdict(phases: Mapping[str, Verdict], outputs_match: bool, silent_l
     return timing
 
 
-def band_contention(bands: Mapping[str, float]) -> str | None:
-    """A reason when an A/A band is too wide to judge anything (NOISY_BAND), else None."""
-    wide = [f"{phase} ±{band:.2f}" for phase, band in bands.items() if band > NOISY_BAND]
+def band_contention(bands: Mapping[str, float], cleared: Collection[str] = ()) -> str | None:
+    """A reason when an A/A band is too wide to judge anything (NOISY_BAND), else None. A phase in `cleared` (its
+    B/A interval lies entirely outside its band: a win or a loss) is decided however wide the band: the eager decode
+    host's bimodal noise (A/A ±0.78 on an 8B) must not hide a 7× win whose whole interval sits above it."""
+    wide = [f"{phase} ±{band:.2f}" for phase, band in bands.items() if band > NOISY_BAND and phase not in cleared]
     if not wide:
         return None
     return (f"the A/A band ({', '.join(wide)}) is wider than ±{NOISY_BAND:.2f}: the machine was shared or the "
