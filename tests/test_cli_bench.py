@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import warnings
 import os
 import subprocess
 import sys
@@ -174,6 +175,21 @@ def test_a_rate_above_the_roofline_measures_the_ceilings_again(
     assert "ran above 100% of the cached ceilings' roofline: the ceilings were measured again" in captured.err
     assert report["config"]["ceilings"]["bandwidth"] == CEILINGS.bandwidth
     assert all(0 < row["roofline_pct"] <= 100 for row in report["rows"])
+
+
+def test_the_frameworks_warnings_go_to_the_notes_not_the_terminal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def ceilings(device: object, dtype: object, refresh: bool = False) -> Ceilings:
+        warnings.warn("Both fused kernels require query, key and value to have the same num_heads.", UserWarning,
+                      stacklevel=2)
+        return CEILINGS
+    monkeypatch.setattr(ceilings_mod, "get_ceilings", ceilings)
+    argv = ["bench", "--model", "tiny", *SMALL, "--output", "json", "--ledger", str(tmp_path / "l.db")]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("Both fused kernels") == 1  # once, as the report's note, not as a raw warning
+    assert "framework: UserWarning: Both fused kernels require query, key and value to have the same num_heads." \
+        in json.loads(captured.out)["notes"]
 
 
 def test_kerneltriage_on_its_other_backend_is_a_peer(

@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     """Parse → load → measure (inside one ledger experiment) → render."""
     from kerneltriage.bench.workloads import check_fits, expand
     from kerneltriage.cli.common import build_runner, constrain, constraint_flags, run_config
+    from kerneltriage.cli.quiet import framework_output
     from kerneltriage.core.errors import InputError
     from kerneltriage.core.ledger import Ledger
     from kerneltriage.engine.sources import load_checkpoint
@@ -94,9 +95,10 @@ def run(args: argparse.Namespace) -> int:
     checkpoint = load_checkpoint(args.model)
     constrain(checkpoint, constraint)
     check_fits(tests, checkpoint.config.max_context)
-    with Ledger(args.ledger) as ledger:  # opened first: a file that is not a ledger fails before any work
+    with Ledger(args.ledger) as ledger, framework_output() as chatter:  # a non-ledger fails before any work
         runner = build_runner(checkpoint, args, config)
         report = measure(runner, tests, peers, args, ledger)
+    report["notes"] = [*report["notes"], *(f"framework: {line}" for line in chatter)]  # torch's warnings, not ours
     print(render(report, args.output), end="")
     return 0
 
