@@ -15,15 +15,20 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 # --levers values. Efficient attention refuses GQA (enable_gqa), so its pin is counted where sdpa_fold makes the
 # decode calls plain attention; math serves every call.
-LEVER_SETS = ["graphs", "compile=default,graphs", "one_sync", "graphs,one_sync", "packed_qkv,packed_gate_up",
+# compile=default alone and with fused_norm are left to the tiny models of test_gpu_smoke.py: each compile of the real
+# model costs tens of seconds, and the compiled set below has both.
+LEVER_SETS = ["graphs", "one_sync", "graphs,one_sync", "packed_qkv,packed_gate_up",
               "last_logits", "graphs,one_sync,packed_qkv,packed_gate_up,last_logits",
               "sdpa_fold,sdpa_backend=efficient", "sdpa_backend=math", "sdpa_fold",
-              "fused_norm,compile=default,graphs", "flex_decode", "flex_decode,graphs",
+              "flex_decode", "flex_decode,graphs",
               "packed_qkv,packed_gate_up,fused_norm,flex_decode,compile=default,graphs",
               "fused_layer,graphs", "fused_layer,pdl,graphs",
               "packed_qkv,packed_gate_up,last_logits,fused_norm,fused_layer,compile_prefill,graphs,one_sync",
               "last_logits,graphs,prefill_graphs",
               "packed_qkv,packed_gate_up,last_logits,fused_norm,fused_layer,pdl,graphs,prefill_graphs,one_sync"]
+
+
+EAGER_TOKENS = 32  # eager steps cost ~25 ms each: the 250 a crossing takes were 6 s a lever set
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +39,8 @@ def prompt(default_checkpoint) -> list[int]:  # noqa: ANN001
 @pytest.mark.parametrize("levers", LEVER_SETS)
 def test_lever_keeps_greedy_tokens_on_the_real_model(default_checkpoint, gpu_greedy, prompt,  # noqa: ANN001
                                                      levers: str) -> None:
-    plain = gpu_greedy(prompt, crossing(prompt))
+    graphed = "graphs" in levers.split(",")  # only a graphed step changes at a window boundary
+    plain = gpu_greedy(prompt, crossing(prompt) if graphed else EAGER_TOKENS)
     assert len(set(plain)) >= 4
     runner = cuda_runner(default_checkpoint, levers)
     assert sorted(runner.levers) == sorted(levers.split(","))

@@ -10,8 +10,9 @@
 #
 # Steps:
 #   smoke       tests/test_gpu_smoke.py: the CUDA-only code paths on tiny shapes (~1 min; run it first)
-#   gpu-tests   the real model's GPU tests in one pytest run: tests/test_gpu_levers.py, test_gpu_speculation.py,
-#               test_gpu_probes.py (the greedy references are decoded once per session: conftest gpu_greedy)
+#   gpu-tests   the whole GPU suite (`pytest -m gpu`: the smoke, the real model's levers, speculation and probes, the
+#               CUDA cheats) in one pytest run, each test's line stamped with the seconds since the start, so a run
+#               cut short by LIMIT_S still says where the time went  -> gpu-tests-$DEV.txt
 #   ceilings    kerneltriage ceilings --refresh                 -> ceilings-$DEV.txt
 #   triage      kerneltriage triage on $MODEL                   -> triage-$NAME-$DEV.json, .html
 #   climb       triage on $MODEL, then ab of $HAND against its final set (triage_vs_hand.py)
@@ -62,8 +63,9 @@ peers() { [ -n "${PEERS:-}" ] && echo "$PEERS" || { [ -x "$LLAMA_BENCH" ] && ech
 run_step() {
   case "$1" in
     smoke) step python3 -m pytest -q -x tests/test_gpu_smoke.py ;;
-    gpu-tests) step python3 -m pytest -q --durations=10 tests/test_gpu_levers.py tests/test_gpu_speculation.py \
-                 tests/test_gpu_probes.py ;;
+    gpu-tests) step bash -c 'set -o pipefail; s=$SECONDS; python3 -m pytest -v -m gpu -p no:cacheprovider --durations=25 tests 2>&1 \
+                 | while IFS= read -r line; do printf "%4d s  %s\n" $((SECONDS - s)) "$line"; done' \
+                 > "$OUT/gpu-tests-$DEV.txt" ;;
     ceilings) step "${kt[@]}" ceilings --refresh "${extra[@]}" > "$OUT/ceilings-$DEV.txt" ;;
     triage) step "${kt[@]}" triage --model "$MODEL" "${extra[@]}" --output json --html "$OUT/triage-$NAME-$DEV.html" \
               --ledger "$LEDGER" > "$OUT/triage-$NAME-$DEV.json" ;;
