@@ -1,6 +1,6 @@
 """The architecture record (engine/architectures.py) against everything that must agree with it: both backends'
-model registries (a model file per architecture, with the biases and q/k norms its record says), the config readers
-and writer, and the GGUF reader's Q/K un-permutation."""
+model registries (the model file each record names, with the biases and q/k norms the record says), the config
+readers and writer, and the GGUF reader's Q/K un-permutation."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ def test_both_registries_hold_every_architecture_and_nothing_else() -> None:
     from kerneltriage.backends.mlx.models import MODELS as MLX
 
     assert set(MLX) == set(ARCHITECTURES)
-    assert all(model.__module__.rsplit(".", 1)[-1] == arch for arch, model in (*TORCH.items(), *MLX.items()))
+    assert all(model.__module__.rsplit(".", 1)[-1] == ARCHITECTURES[arch].model
+               for arch, model in (*TORCH.items(), *MLX.items()))
 
 
 @pytest.mark.parametrize("arch", ARCHS)

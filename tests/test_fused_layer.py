@@ -179,6 +179,9 @@ def test_refuses_other_norms_and_compile() -> None:
         _fused(runner)
     with pytest.raises(InputError, match="not a power of two"):
         _fused(_runner(arch="qwen3", head_dim=24))
+    # past the lever table's refusal: gemma3's q/k norms are llama's attribute names over Gemma's (1 + w) norms
+    with pytest.raises(InputError, match="a gemma3 model has per-head q/k norms other than qwen3's"):
+        _fused(_runner(arch="gemma3"))
     runner = _fused(_runner())
     from kerneltriage.backends.torch.accelerate import compile_steps
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import ARCHS, tiny_checkpoint, tiny_config, tiny_runner
-from kerneltriage.backends.torch.models import MODELS, llama, model_class, qwen2, qwen3
+from kerneltriage.backends.torch.models import MODELS, gemma3, llama, model_class
 from kerneltriage.engine import names
 from kerneltriage.engine.architectures import ARCHITECTURES
 from kerneltriage.engine.checkpoint import Checkpoint, RawTensor
@@ -19,14 +19,20 @@ from kerneltriage.engine.sampling import SamplingParams
 
 def test_every_architecture_has_its_model_file() -> None:
     assert set(MODELS) == set(ARCHS)
-    assert (model_class("llama"), model_class("qwen2"), model_class("qwen3")) == (llama.Model, qwen2.Model, qwen3.Model)
+    # llama's file builds qwen2 and qwen3 too: their records say what differs
+    assert (model_class("llama"), model_class("qwen2"), model_class("qwen3")) == (llama.Model,) * 3
+    assert model_class("gemma3") is gemma3.Model
     for arch in ARCHS:
         model = tiny_runner(arch).model
         assert type(model) is MODELS[arch] and isinstance(model, llama.Model)
         attention = model.layers[0].self_attn
         record = ARCHITECTURES[arch]
         assert (attention.q_proj.bias is not None) == record.attention_bias
-        assert hasattr(attention, "q_norm") == hasattr(attention, "k_norm") == record.qk_norm
+        assert (attention.q_norm is not None) == (attention.k_norm is not None) == record.qk_norm
+        # gemma3's own (1 + w) norms, built by llama's Attention once: no llama RMSNorm beside or under them
+        norm = gemma3.RMSNorm if record.norm_offset else llama.RMSNorm
+        norms = {name: type(module) for name, module in attention.named_modules() if name.endswith("_norm")}
+        assert norms == ({"q_norm": norm, "k_norm": norm} if record.qk_norm else {})
         assert hasattr(model.layers[0], "post_feedforward_layernorm") == record.sandwich_norms
 
 

@@ -1,9 +1,11 @@
 """The architectures kerneltriage runs: one record each, from which every other place derives what it needs to know
 about one (config readers and writers, the GGUF reader, the peers, the backends' model registries, the tests).
 
-An architecture's name is ours, the GGUF's `general.architecture` and the model file's name in each backend
-(`backends/{torch,mlx}/models/NAME.py`). Every one is a pre-norm decoder with GQA, RoPE, RMSNorm and a gated MLP,
-held in the HF/NeoX rotary layout (the two halves of each head rotated together); what differs is recorded here.
+An architecture's name is ours and the GGUF's `general.architecture`; its `model` names the model file that builds
+it in each backend (`backends/{torch,mlx}/models/MODEL.py`): llama's builds llama, qwen2 and qwen3, reading their
+biases and q/k norms from these records; Gemma-3 has its own. Every one is a pre-norm decoder with GQA, RoPE,
+RMSNorm and a gated MLP, held in the HF/NeoX rotary layout (the two halves of each head rotated together); what
+differs is recorded here.
 Gemma-3 differs most: (1 + w) norms, four per layer, an embedding scaled by sqrt(hidden), a GELU-tanh gate, and
 sliding-window layers with their own RoPE base between its global ones.
 """
@@ -24,7 +26,7 @@ ROPE_NORM, ROPE_NEOX = "norm", "neox"
 class Architecture:
     """What one architecture is, for every reader and writer of it."""
 
-    name: str  # ours, the GGUF's general.architecture, the backends' model file
+    name: str  # ours, the GGUF's general.architecture
     hf_model_types: tuple[str, ...]  # config.json `model_type` values read as this architecture; the first is written
     hf_config: str  # the transformers config class that builds it
     attention_bias: bool  # q, k and v projections always carry biases (else only where config.json says so)
@@ -43,6 +45,7 @@ class Architecture:
     # GGUF keys hold neither (0: no sliding layers)
     sliding_pattern: int = 0
     rope_local_theta: float | None = None
+    model: str = "llama"  # the backends' model file that builds it (backends/{torch,mlx}/models/MODEL.py)
 
     def __post_init__(self) -> None:
         if not self.hf_model_types:
@@ -82,7 +85,7 @@ ARCHITECTURES: dict[str, Architecture] = {arch.name: arch for arch in (
                            ("attn_post_norm", "model.layers.{i}.post_attention_layernorm.weight"),
                            ("mlp_post_norm", "model.layers.{i}.post_feedforward_layernorm.weight")),
                  norm_offset=1.0, sandwich_norms=True, embed_scale=True, mlp_act="gelu_tanh", sliding_pattern=6,
-                 rope_local_theta=10000.0),
+                 rope_local_theta=10000.0, model="gemma3"),
 )}
 HF_MODEL_TYPES: dict[str, Architecture] = {t: arch for arch in ARCHITECTURES.values() for t in arch.hf_model_types}
 
@@ -96,8 +99,8 @@ def architecture(name: str) -> Architecture:
 
 
 def model_classes(package: str) -> dict[str, Any]:
-    """Architecture name → its Model class in a backend's models package (`package`.`name`.Model): the registry
-    each backend derives from these records (one model file per architecture)."""
+    """Architecture name → its Model class in a backend's models package (`package`.`model`.Model, `model` the
+    record's): the registry each backend derives from these records (one model file may build several)."""
     import importlib
 
-    return {name: importlib.import_module(f"{package}.{name}").Model for name in ARCHITECTURES}
+    return {name: importlib.import_module(f"{package}.{arch.model}").Model for name, arch in ARCHITECTURES.items()}

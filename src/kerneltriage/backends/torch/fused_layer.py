@@ -16,8 +16,7 @@ from torch import nn
 
 from kerneltriage.backends.torch import counting
 from kerneltriage.backends.torch.cache import KVCache, StaticKVCache
-from kerneltriage.backends.torch.models.llama import MLP, Attention, Step, TransformerBlock
-from kerneltriage.backends.torch.models import qwen3
+from kerneltriage.backends.torch.models.llama import MLP, Attention, RMSNorm, Step, TransformerBlock
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
 
@@ -70,14 +69,17 @@ def _weights(block: TransformerBlock):  # noqa: ANN202 - kernels.fused_layer.Wei
 
 
 def _qk_norms(attn: Attention) -> bool:
-    """The layer normalises each q and k head before RoPE (qwen3's q_norm and k_norm)."""
-    return type(attn).qk_norm is qwen3.Attention.qk_norm
+    """The layer normalises each q and k head before RoPE: llama's q_norm and k_norm, which its architecture record
+    asks for (qwen3's)."""
+    return attn.q_norm is not None
 
 
 def _takes(block: TransformerBlock) -> str | None:
     """Why this layer cannot take the fused kernels, or None."""
     attn = block.self_attn
-    if type(attn).qk_norm not in (Attention.qk_norm, qwen3.Attention.qk_norm):
+    norms = {type(attn.q_norm), type(attn.k_norm)}
+    # llama's qk_norm over llama's RMSNorm (or none): not Gemma-3's (1 + w) norms and its scaled q
+    if type(attn).qk_norm is not Attention.qk_norm or norms not in ({type(None)}, {RMSNorm}):
         return "per-head q/k norms other than qwen3's"
     if type(block.mlp) is not MLP or type(block).forward is not TransformerBlock.forward:
         return "a layer other than llama's"

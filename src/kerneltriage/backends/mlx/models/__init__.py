@@ -1,5 +1,5 @@
-"""MLX's models, one file per architecture record of `engine/architectures.py` (tests/test_architectures.py checks
-them against the records); `model_class` picks one by `ModelConfig.arch`."""
+"""MLX's models: the file each architecture record of `engine/architectures.py` names (`Architecture.model`:
+llama.py builds llama, qwen2 and qwen3; gemma3.py Gemma-3); `model_class` picks one by `ModelConfig.arch`."""
 
 from __future__ import annotations
 

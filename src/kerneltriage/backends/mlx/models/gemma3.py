@@ -62,16 +62,18 @@ class RMSNorm(nn.Module):
 
 
 class Attention(llama.Attention):
+    """llama's, with Gemma's (1 + w) norms as its q/k norms (the record's qk_norm) and q scaled after them."""
+
+    QK_NORM = RMSNorm
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_eps)
-        self.k_norm = RMSNorm(self.head_dim, config.rms_eps)
         # SDPA is given head_dim^-1/2; scaling q by sqrt(head_dim / s) makes that s^-1/2
         self.q_scale = (self.head_dim / (config.query_pre_attn_scalar or self.head_dim)) ** 0.5
 
     def qk_norm(self, q: mx.array, k: mx.array) -> tuple[mx.array, mx.array]:
-        q = self.q_norm(q)
-        return (q if self.q_scale == 1.0 else q * self.q_scale), self.k_norm(k)
+        q, k = super().qk_norm(q, k)
+        return (q if self.q_scale == 1.0 else q * self.q_scale), k
 
 
 class MLP(llama.MLP):

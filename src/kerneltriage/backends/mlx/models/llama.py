@@ -1,4 +1,5 @@
-"""Llama for MLX (also the base of qwen2 and qwen3, which change only what differs).
+"""Llama for MLX, and qwen2 and qwen3 with it: their differences (q/k/v biases, per-head q/k norms) are what their
+architecture records say (engine/architectures.py), read at construction. Gemma-3 subclasses it.
 
 The torch file's classes, one for one (diff `backends/torch/models/llama.py` against this one): no feature flags
 in `__call__`; levers swap whole functions or modules from outside (the attention function on `Model.attention`,
@@ -88,24 +89,36 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    BIAS = False  # biases on q, k and v (qwen2 has them; a llama checkpoint may too: config.attention_bias)
+    """Biases on q, k and v where the record says so (qwen2) or the checkpoint's config does (a llama may);
+    q_norm and k_norm, RMSNorms over each head of q and k before RoPE, where the record says so (qwen3, gemma3:
+    QK_NORM is the norm's class), else None."""
+
+    QK_NORM: Callable[[int, float], nn.Module] = RMSNorm
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-        bias = self.BIAS or config.attention_bias
+        record = config.architecture
+        bias = record.attention_bias or config.attention_bias
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, q_size, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, kv_size, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, kv_size, bias=bias)
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
+        self.q_norm: nn.Module | None = None
+        self.k_norm: nn.Module | None = None
+        if record.qk_norm:
+            self.q_norm = self.QK_NORM(self.head_dim, config.rms_eps)
+            self.k_norm = self.QK_NORM(self.head_dim, config.rms_eps)
 
     def qkv(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def qk_norm(self, q: mx.array, k: mx.array) -> tuple[mx.array, mx.array]:
-        """Per-head norms of q and k before RoPE: none in llama (qwen3 has them)."""
-        return q, k
+        """Per-head norms of q and k before RoPE, where the architecture has them (none in llama and qwen2)."""
+        if self.q_norm is None or self.k_norm is None:
+            return q, k
+        return self.q_norm(q), self.k_norm(k)
 
     def __call__(self, x: mx.array, layer: int, step: Step) -> mx.array:
         batch, length, _ = x.shape

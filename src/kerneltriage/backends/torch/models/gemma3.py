@@ -1,4 +1,4 @@
-"""Gemma-3 for PyTorch: qwen3's attention (per-head q/k norms before RoPE) in Gemma's own layer.
+"""Gemma-3 for PyTorch: llama's attention with per-head q/k norms before RoPE (as qwen3) in Gemma's own layer.
 
 What differs from llama (engine/architectures.py records it):
 - every norm scales by (1 + w) in float32, and a layer has four: before and after the attention, before and after
@@ -59,16 +59,18 @@ class RMSNorm(nn.Module):
 
 
 class Attention(llama.Attention):
+    """llama's, with Gemma's (1 + w) norms as its q/k norms (the record's qk_norm) and q scaled after them."""
+
+    QK_NORM = RMSNorm
+
     def __init__(self, config: ModelConfig, device: Device = None) -> None:
         super().__init__(config, device)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_eps, device)
-        self.k_norm = RMSNorm(self.head_dim, config.rms_eps, device)
         # SDPA scales by head_dim^-1/2; scaling q by sqrt(head_dim / s) makes that s^-1/2
         self.q_scale = (self.head_dim / (config.query_pre_attn_scalar or self.head_dim)) ** 0.5
 
     def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        q = self.q_norm(q)
-        return (q if self.q_scale == 1.0 else q * self.q_scale), self.k_norm(k)
+        q, k = super().qk_norm(q, k)
+        return (q if self.q_scale == 1.0 else q * self.q_scale), k
 
 
 class MLP(llama.MLP):

@@ -1,4 +1,5 @@
-"""Llama for PyTorch (also the base of qwen2 and qwen3, which change only what differs).
+"""Llama for PyTorch, and qwen2 and qwen3 with it: their differences (q/k/v biases, per-head q/k norms) are what
+their architecture records say (engine/architectures.py), read at construction. Gemma-3 subclasses it.
 
 No feature flags in `forward`: levers swap whole functions or modules from outside (the attention function on
 `Model.attention`, projections, the step functions that call the model). Attention and the KV cache keep their
@@ -98,24 +99,36 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    BIAS = False  # biases on q, k and v (qwen2 has them; a llama checkpoint may too: config.attention_bias)
+    """Biases on q, k and v where the record says so (qwen2) or the checkpoint's config does (a llama may);
+    q_norm and k_norm, RMSNorms over each head of q and k before RoPE, where the record says so (qwen3, gemma3:
+    QK_NORM is the norm's class), else None."""
+
+    QK_NORM: Callable[[int, float, Device], nn.Module] = RMSNorm
 
     def __init__(self, config: ModelConfig, device: Device = None) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-        bias = self.BIAS or config.attention_bias
+        record = config.architecture
+        bias = record.attention_bias or config.attention_bias
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, q_size, bias=bias, device=device)
         self.k_proj = nn.Linear(config.hidden_size, kv_size, bias=bias, device=device)
         self.v_proj = nn.Linear(config.hidden_size, kv_size, bias=bias, device=device)
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False, device=device)
+        self.q_norm: nn.Module | None = None
+        self.k_norm: nn.Module | None = None
+        if record.qk_norm:
+            self.q_norm = self.QK_NORM(self.head_dim, config.rms_eps, device)
+            self.k_norm = self.QK_NORM(self.head_dim, config.rms_eps, device)
 
     def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-head norms of q and k before RoPE: none in llama (qwen3 has them)."""
-        return q, k
+        """Per-head norms of q and k before RoPE, where the architecture has them (none in llama and qwen2)."""
+        if self.q_norm is None or self.k_norm is None:
+            return q, k
+        return self.q_norm(q), self.k_norm(k)
 
     def forward(self, x: torch.Tensor, layer: int, step: Step) -> torch.Tensor:
         batch, length, _ = x.shape
