@@ -22,7 +22,7 @@ import triton.language as tl
 from kerneltriage.engine.kernels import Kernel
 from kerneltriage.engine.levers import LEVERS
 from kerneltriage.engine.sparsity import SPARSE_THRESHOLD
-from kerneltriage.kernels.split_kv_attention import BLOCK_S, ROWS_MIN, _combine, _splits
+from kerneltriage.kernels.split_kv_attention import BLOCK_S, _query_rows, _tile_weights, combine, plan
 
 
 @triton.jit
@@ -43,13 +43,7 @@ def _partial_sparse(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr, skippe
                     G: tl.constexpr, T: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
                     HAS_MASK: tl.constexpr):
     kv, split = tl.program_id(0), tl.program_id(1)
-    r = tl.arange(0, ROWS)  # row r: query head kv·G + r // T, query row r % T
-    g, t = r // T, r % T
-    row_ok = r < G * T
-    d = tl.arange(0, D)
-    d_ok = d < head_dim
-    q = tl.load(q_ptr + (kv * G + g)[:, None] * sqh + t[:, None] * sqt + d[None, :] * sqd,
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # (ROWS, D)
+    r, t, row_ok, d, d_ok, q = _query_rows(q_ptr, kv, sqh, sqt, sqd, head_dim, G, T, ROWS, D)
     # the running max starts at the scores of the first and the last key (each where the row sees it): lower bounds
     # of the global max that every program knows before its first tile (the first key is usually the attention sink)
     head = k_ptr + kv * skh
@@ -63,17 +57,9 @@ def _partial_sparse(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr, skippe
     while tile < tiles:
         s = start + tile * BLOCK + tl.arange(0, BLOCK)
         s_ok = s < keys
-        k = tl.load(k_ptr + kv * skh + s[:, None] * sks + d[None, :] * skd, mask=s_ok[:, None] & d_ok[None, :],
-                    other=0.0)  # (BLOCK, D)
-        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (ROWS, BLOCK)
-        seen = row_ok[:, None] & s_ok[None, :]
-        if HAS_MASK:
-            seen = seen & (tl.load(mask_ptr + t[:, None] * smt + s[None, :] * sms, mask=seen, other=0) != 0)
-        scores = tl.where(seen, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(scores - m_safe[:, None])  # (ROWS, BLOCK): an upper bound of each key's final weight
-        alpha = tl.exp(m_i - m_safe)
+        # p (ROWS, BLOCK): an upper bound of each key's final weight
+        p, alpha, m_i = _tile_weights(q, head, mask_ptr, s, s_ok, t, row_ok, d, d_ok, sks, skd, smt, sms, scale, m_i,
+                                      HAS_MASK)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if tl.max(tl.max(p, 1), 0) >= threshold:  # some row needs this tile's V rows
@@ -82,7 +68,6 @@ def _partial_sparse(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr, skippe
             acc += tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
             skipped += 1
-        m_i = m_new
         tile += 1
     base = (kv * splits + split) * ROWS + r
     tl.store(m_ptr + base, m_i)
@@ -96,30 +81,15 @@ def sparse_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m
                             skipped: torch.Tensor | None = None) -> torch.Tensor:
     """q (1, Hq, T, D), k and v (1, Hkv, S, D), mask (T, S) bool or None → out (1, Hq, T, D), for T ≤ 16, the
     V tiles no row needs left unread; `skipped` (Hkv · splits int32, or None) receives each program's tiles skipped."""
-    _, heads, rows, dim = q.shape
-    kv_heads, keys = k.shape[1], k.shape[2]
-    group = heads // kv_heads
-    pad_rows, pad_dim = max(ROWS_MIN, triton.next_power_of_2(group * rows)), max(16, triton.next_power_of_2(dim))
-    splits = _splits(keys, kv_heads, q.device)
-    chunk = triton.cdiv(triton.cdiv(keys, splits), BLOCK_S) * BLOCK_S
-    splits = triton.cdiv(keys, chunk)
-    m = torch.empty(kv_heads * splits * pad_rows, device=q.device, dtype=torch.float32)
-    l_sum = torch.empty_like(m)
-    acc = torch.empty(kv_heads * splits * pad_rows, pad_dim, device=q.device, dtype=torch.float32)
-    if skipped is None or skipped.numel() < kv_heads * splits:
-        skipped = torch.empty(kv_heads * splits, device=q.device, dtype=torch.int32)
-    mask_arg = mask if mask is not None else m  # an unused pointer when there is no mask
-    mask_strides = mask.stride() if mask is not None else (0, 0)
-    _partial_sparse[(kv_heads, splits)](
-        q, k, v, mask_arg, m, l_sum, acc, skipped, q.stride(1), q.stride(2), q.stride(3), k.stride(1), k.stride(2),
-        k.stride(3), v.stride(1), v.stride(2), v.stride(3), *mask_strides, keys, chunk, chunk // BLOCK_S, dim,
-        1.0 / math.sqrt(dim), splits, threshold,
-        G=group, T=rows, ROWS=pad_rows, D=pad_dim, BLOCK=BLOCK_S, HAS_MASK=mask is not None)
-    _combine[(kv_heads, group * rows)](
-        m, l_sum, acc, out, out.stride(1), out.stride(2), out.stride(3), dim, splits, G=group, T=rows,
-        ROWS=pad_rows, D=pad_dim, SPLITS=triton.next_power_of_2(splits))
-    return out
-
+    run = plan(q, k, mask)
+    if skipped is None or skipped.numel() < run.kv_heads * run.splits:
+        skipped = torch.empty(run.kv_heads * run.splits, device=q.device, dtype=torch.int32)
+    _partial_sparse[(run.kv_heads, run.splits)](
+        q, k, v, run.mask, run.m, run.l_sum, run.acc, skipped, q.stride(1), q.stride(2), q.stride(3), k.stride(1),
+        k.stride(2), k.stride(3), v.stride(1), v.stride(2), v.stride(3), *run.mask_strides, run.keys, run.chunk,
+        run.chunk // BLOCK_S, run.dim, 1.0 / math.sqrt(run.dim), run.splits, threshold,
+        G=run.group, T=run.rows, ROWS=run.pad_rows, D=run.pad_dim, BLOCK=BLOCK_S, HAS_MASK=mask is not None)
+    return combine(run, out)
 
 def _decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
             out: torch.Tensor) -> torch.Tensor:
