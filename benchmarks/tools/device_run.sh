@@ -23,6 +23,9 @@
 #   spec        ab of $LEVERS against $LEVERS;spec=$SPEC, each prompt set of $SETS -> spec-SET-$DEV$TAG.json
 #   spec-profile  where a speculative step's time goes (spec_profile.py), each of $SETS
 #               -> spec-profile-SET-$DEV$TAG.json
+#   delete      issue 33's delete levers on $MODEL, ab at each depth of $DEPTHS (5 pairs): sparse_v's split design
+#               on the set without graphs, sparse_v's fused kernel against split-KV under graphs, vocab_compact on a
+#               JSON-schema workload (benchmarks/schemas/records.json) on $LEVERS  -> delete-$NAME-$DEV/ab-*.json
 #   kernels     kerneltriage kernel run for each of $KERNELS   -> kernel-NAME-$DEV.txt
 #   llama-build build llama.cpp's llama-bench from $LLAMA_SRC (CUDA; ~5 min) for PEERS=llama.cpp
 #   index       benchmarks/tools/results_index.py over $OUT    -> $OUT/INDEX.md
@@ -33,7 +36,8 @@
 #   SETS [repetitive copy_heavy copy_heavy_holdout summarize open_ended]  PAIRS [5]  TAG [""; e.g. -float32]
 #   A, B [levers= / levers=$LEVERS]  KERNELS [kerneltriage.kernels.rmsnorm:RMSNORM]  LIMIT_S [560 per sub-step]
 #   EXTRA [more flags for every kerneltriage call, e.g. "--dtype float32"]  LLAMA_SRC [llama.cpp's source folder]
-#   LEDGER [$OUT/ledger-$DEV.db]  HAND [$LEVERS: the best set found by hand, for climb]
+#   LEDGER [$OUT/ledger-$DEV.db]  HAND [$LEVERS: the best set found by hand, for climb]  DEPTHS [512 4096 7936]
+#   UNGRAPHED, GRAPHED [delete's sets: the best set without graphs, fused_layer and pdl; and with graphs]
 set -uo pipefail
 if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ]; then
   sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0
@@ -86,6 +90,21 @@ run_step() {
     spec-profile) for set in $SETS; do
         step python3 benchmarks/tools/spec_profile.py --model "$MODEL" --config "levers=$LEVERS;spec=$SPEC" \
           --set "$set" --out "$OUT/spec-profile-$set-$DEV$TAG.json" > /dev/null
+      done ;;
+    delete) local d dir="$OUT/delete-$NAME-$DEV" split=kerneltriage.kernels.split_kv_attention:SPLIT_KV
+      local sparse=kerneltriage.kernels.sparse_v_attention:SPARSE_V; mkdir -p "$dir"
+      # the split design syncs the host each layer: no graphs beside it; the fused kernel replaces attention, which
+      # fused_layer would take over: neither fused_layer nor pdl beside it
+      local nographs=${UNGRAPHED:-packed_qkv,packed_gate_up,last_logits,fused_norm,prefill_graphs,one_sync}
+      local graphed=${GRAPHED:-packed_qkv,packed_gate_up,last_logits,fused_norm,graphs,prefill_graphs,one_sync}
+      for d in ${DEPTHS:-512 4096 7936}; do
+        step "${kt[@]}" ab --model "$MODEL" --a "levers=$nographs" --b "levers=$nographs,sparse_v" "${extra[@]}" \
+          -d "$d" -p 64 -n 128 -r 5 --output json --ledger "$LEDGER" > "$dir/ab-sparse-v-split-d$d.json"
+        step "${kt[@]}" ab --model "$MODEL" --a "levers=$graphed,kernel=$split" --b "levers=$graphed,kernel=$sparse" \
+          "${extra[@]}" -d "$d" -p 64 -n 128 -r 5 --output json --ledger "$LEDGER" > "$dir/ab-sparse-v-fused-d$d.json"
+        step "${kt[@]}" ab --model "$MODEL" --json-schema benchmarks/schemas/records.json --a "levers=$LEVERS" \
+          --b "levers=$LEVERS,vocab_compact" "${extra[@]}" -d "$d" -p 64 -n 128 -r 5 --output json \
+          --ledger "$LEDGER" > "$dir/ab-vocab-compact-records-d$d.json"
       done ;;
     kernels) for k in ${KERNELS:-kerneltriage.kernels.rmsnorm:RMSNORM}; do
         local short=${k%%:*}; short=${short##*.}
