@@ -11,6 +11,7 @@ from kerneltriage.bench.workloads import WORKLOAD_SEED, Test
 from kerneltriage.core import stats, verdict
 from kerneltriage.core.measurement import Measurement
 from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.engine.paths import shown
 
 if TYPE_CHECKING:
     from kerneltriage.engine.backend import Runner
@@ -107,7 +108,7 @@ def checklist(report: Report, a: RunConfig, b: RunConfig, evidence: Mapping[str,
 
 def describe(runners: Mapping[str, Runner], settings: Settings) -> dict[str, Any]:
     a, b = runners["A"], runners["B"]
-    return {"source": a.checkpoint.source, "model": a.config.name, "random_weights": a.config.random_weights,
+    return {"source": shown(a.checkpoint.source), "model": a.config.name, "random_weights": a.config.random_weights,
             "backend": a.backend, "device": str(a.device), "dtype": a.dtype,
             "a": _side(a.run_config), "b": _side(b.run_config),
             "tests": [settings.name(t) for t in settings.tests], "pairs": settings.pairs, "warmups": settings.warmups,

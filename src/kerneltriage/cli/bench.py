@@ -167,8 +167,11 @@ def _decode_kernels(runner: Any, tests: list) -> float | None:
 
 def _config(runner: Any, tests: list, peers: tuple[str, ...], settings: Any, args: argparse.Namespace,
             ceilings: Any) -> dict:
-    return {"model": args.model, "source": runner.checkpoint.source, "random_weights": runner.config.random_weights,
-            "backend": runner.backend, "device": str(runner.device), "dtype": runner.dtype,
+    from kerneltriage.engine.paths import shown
+
+    return {"model": args.model, "source": shown(runner.checkpoint.source),
+            "random_weights": runner.config.random_weights, "backend": runner.backend, "device": str(runner.device),
+            "dtype": runner.dtype,
             "levers": list(runner.run_config.lever_names), "spec": runner.run_config.text,
             "tests": [t.name for t in tests], "repeats": settings.repeats, "warmups": settings.warmups,
             "seed": settings.seed, "peers": list(peers), "ceilings": asdict(ceilings)}

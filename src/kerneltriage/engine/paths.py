@@ -20,6 +20,13 @@ def cache_dir() -> Path:
     return Path(base) / "kerneltriage"
 
 
+def shown(path: str | Path) -> str:
+    """A path as a report records it: under the user's home written `~/…`, so a result file names the user cache
+    folder, not the recording machine's home (a path elsewhere, or a preset's name, is kept as given)."""
+    home, text = str(Path.home()), str(path)
+    return "~" + text[len(home):] if home not in ("", "/") and (text == home or text.startswith(home + "/")) else text
+
+
 def converted_dir(source: Path) -> Path:
     """Folder for the converted form of one model file, keyed by its path, size and mtime."""
     stat = source.stat()

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from kerneltriage.engine.backend import Backend, Runner
 from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.engine.paths import shown
 from kerneltriage.engine.probes import at_keys, distinct_calls
 from kerneltriage.engine.speculative.config import Speculation
 from kerneltriage.triage import amdahl, climbing, graphed, q1_delete, q2_fastpath, q3_dispatch
@@ -231,7 +232,7 @@ def triage(backend: Backend, runner: Runner, workload: Workload, progress: Progr
 
     options = options or Options()
     state = _State(backend, runner, workload, budget_for(runner.device_type), runner.device_type == "cuda", options)
-    config = {"model": runner.config.name or runner.checkpoint.source, "source": runner.checkpoint.source,
+    config = {"model": runner.config.name or runner.checkpoint.source, "source": shown(runner.checkpoint.source),
               "random_weights": runner.config.random_weights, "backend": runner.backend,
               "device": str(runner.device), "dtype": runner.dtype, "levers": list(runner.run_config.lever_names),
               "run_config": runner.run_config.text,
