@@ -1,6 +1,6 @@
 # Source at the start of every call on a GPU machine without network: installs the carried wheels, then joins the
 # default model (and, for MLX on CUDA, MLX's CUDA build) from the parts carried beside the tree. docs/remote-gpu.md
-# says how to prepare them on a machine with network; in short, all git-excluded:
+# says how to prepare them on a machine with network (benchmarks/tools/device_prep.sh does it); all git-excluded:
 #   .whl/      the gguf wheel the device lacks (pip download --no-deps --only-binary=:all: --python-version 3.12
 #              --implementation cp --platform manylinux_2_28_x86_64 -d .whl gguf==0.19.0), and llguidance's for
 #              constrained decoding (the same with --platform manylinux_2_31_x86_64 llguidance==1.9.1)
