@@ -14,7 +14,9 @@ from conftest import tiny_checkpoint
 from kerneltriage.backends.torch.backend import BACKEND
 from kerneltriage.backends.torch.dequant import dequantize
 from kerneltriage.backends.torch.int4_cpu import int4_product, pack
-from kerneltriage.backends.torch.load import stock_copy
+from kerneltriage.backends.torch import load
+from kerneltriage.backends.torch.levers import apply_config
+from kerneltriage.backends.torch.load import build_runner, stock_copy
 from kerneltriage.backends.torch.quantized import Int4Linear
 from kerneltriage.bench import equivalence
 from kerneltriage.engine.checkpoint import Checkpoint, RawTensor
@@ -104,3 +106,23 @@ def test_packed_levers_stack_the_blocks_into_one_int4_matmul() -> None:
     exact = stock_copy(packed.model, torch.float32)  # ab's reference still reads each part's own blocks
     assert torch.equal(exact.layers[0].self_attn.k_proj.weight,
                        dequantize(checkpoint.tensors["layers.0.k"], "cpu", torch.float32))
+
+
+@pytest.mark.parametrize("dtype", ("bfloat16", "float32"))
+def test_a_build_with_the_lever_dequantizes_nothing_it_replaces(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    checkpoint = _checkpoint()
+    config = RunConfig.from_flags("quantized")
+    late = apply_config(build_runner(checkpoint, torch.device("cpu"), getattr(torch, dtype)), config)  # filled first
+    filled = []
+    real = load.dequantize
+    monkeypatch.setattr(load, "dequantize", lambda raw, *args: filled.append(raw) or real(raw, *args))
+    built = BACKEND.build(checkpoint, config, "cpu", dtype)
+    projections = {id(raw) for name, raw in checkpoint.tensors.items() if name.split(".")[-1] in PROJECTIONS}
+    head = id(checkpoint.tensors["lm_head"])
+    assert projections and not projections & {id(raw) for raw in filled}  # none dequantized only to be dropped
+    assert (head in {id(raw) for raw in filled}) == (dtype == "float32")  # the CPU keeps a bf16 head as blocks
+    assert len(filled) > 1  # the embedding and the norms were
+    prompt = list(range(5, 21))
+    for runner in (built, late):
+        runner.reset_cache(32)
+    assert torch.equal(built.prefill(prompt, 0), late.prefill(prompt, 0))  # what the lever replaced is not read

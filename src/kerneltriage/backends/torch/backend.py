@@ -10,6 +10,7 @@ import torch
 from kerneltriage.backends.torch.device import resolve_device, resolve_dtype
 from kerneltriage.backends.torch.levers import apply_config
 from kerneltriage.backends.torch.load import build_runner
+from kerneltriage.backends.torch.quantized import LEVER as QUANTIZED, kept_as_blocks
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.engine.checkpoint import Checkpoint
 from kerneltriage.engine.configuration import RunConfig
@@ -31,7 +32,10 @@ class TorchBackend:
         return str(resolve_dtype(name, torch.device(device))).removeprefix("torch.")
 
     def build(self, checkpoint: Checkpoint, config: RunConfig, device: str, dtype: str) -> Runner:
-        return apply_config(build_runner(checkpoint, torch.device(device), getattr(torch, dtype)), config)
+        place, torch_dtype = torch.device(device), getattr(torch, dtype)
+        # what `quantized` replaces with the file's blocks is not dequantized first only to be dropped
+        unfilled = kept_as_blocks(checkpoint, place, torch_dtype) if config.has(QUANTIZED) else frozenset()
+        return apply_config(build_runner(checkpoint, place, torch_dtype, unfilled), config)
 
     def copy(self, runner: Runner, config: RunConfig) -> Runner:
         from kerneltriage.backends.torch.load import stock_copy

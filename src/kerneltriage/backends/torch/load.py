@@ -23,20 +23,24 @@ from kerneltriage.engine.validate import check_tensors
 INIT_STD = 0.02
 
 
-def build_runner(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Runner:
-    """A stock runner: the checkpoint's weights on `device` in `dtype`, no levers."""
-    return Runner(load_model(checkpoint, device, dtype), checkpoint, device, dtype)
+def build_runner(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
+                 unfilled: frozenset[str] = frozenset()) -> Runner:
+    """A stock runner: the checkpoint's weights on `device` in `dtype`, no levers (`unfilled`: load_model)."""
+    return Runner(load_model(checkpoint, device, dtype, unfilled), checkpoint, device, dtype)
 
 
-def load_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Model:
-    """A ready Model on `device` in `dtype` (norm weights too), weights tied where the config says so."""
+def load_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
+               unfilled: frozenset[str] = frozenset()) -> Model:
+    """A ready Model on `device` in `dtype` (norm weights too), weights tied where the config says so. The
+    parameters named in `unfilled` are allocated but not filled: a lever applied at once replaces them (quantized's
+    `kept_as_blocks`)."""
     config = checkpoint.config
     validate_before_allocating(checkpoint, device, dtype)
     model = _skeleton(config, device, dtype)
     if config.random_weights:
         _fill_random(model, device)
     else:
-        _fill_from_checkpoint(model, checkpoint, device, dtype)
+        _fill_from_checkpoint(model, checkpoint, device, dtype, unfilled)
     freq_factors = checkpoint.tensors.get("rope_freqs")
     factors = None if freq_factors is None else dequantize(freq_factors, device, torch.float32).cpu().numpy()
     model.inv_freq.copy_(torch.from_numpy(rope_inv_freq(config, factors)))
@@ -93,13 +97,15 @@ def _skeleton(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> 
     return model
 
 
-def _fill_from_checkpoint(model: Model, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> None:
+def _fill_from_checkpoint(model: Model, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
+                          unfilled: frozenset[str]) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     expected = {name: tuple(param.shape) for name, param in params.items()
                 if name != "lm_head.weight" or not model.config.tie_embeddings}
     with torch.no_grad():
         for name, raw in checkpoint.by_parameter(expected).items():
-            params[name].copy_(dequantize(raw, device, dtype))
+            if name not in unfilled:
+                params[name].copy_(dequantize(raw, device, dtype))
 
 
 def _fill_random(model: Model, device: torch.device) -> None:

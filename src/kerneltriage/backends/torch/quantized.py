@@ -27,7 +27,7 @@ from kerneltriage.backends.torch.dequant import dequantize
 from kerneltriage.backends.torch.int4_cpu import COMPUTE, Int4Weight, int4_product, pack
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
-from kerneltriage.engine.checkpoint import RawTensor
+from kerneltriage.engine.checkpoint import Checkpoint, RawTensor
 
 if TYPE_CHECKING:
     from kerneltriage.kernels.quant_gemv import QuantWeight
@@ -149,13 +149,12 @@ class Int4Linear(QuantLinear):
 def quantized(runner: Runner, value: str | None = None) -> None:
     """delete: each layer's Q4_0/Q4_1/Q8_0 projections read as their blocks (CUDA: a Triton GEMV; CPU: torch's int4
     CPU matmul for a bf16 model)."""
-    triton = runner.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    triton = _triton(runner.device)
     if any(name.rpartition(".")[2].startswith("packed_") for name, _ in runner.model.layers.named_modules()):
         raise InputError(f"--levers {LEVER}: the projections are packed already; it goes before packed_qkv and "
                          f"packed_gate_up (the lever table's order), which then stack its blocks")
     tensors = runner.checkpoint.tensors
-    kept = [(index, suffix) for index in range(len(runner.model.layers)) for suffix in PROJECTIONS
-            if _takes(tensors.get(f"layers.{index}.{suffix}"), triton)]
+    kept = _kept(runner.checkpoint, triton)
     if not kept:
         types = sorted({raw.qtype for name, raw in tensors.items() if name.startswith("layers.")})
         raise InputError(f"--levers {LEVER}: {runner.checkpoint.source} has no {', '.join(KINDS)} projection weights "
@@ -175,13 +174,42 @@ def quantized(runner: Runner, value: str | None = None) -> None:
         _output_projection(runner)
 
 
+def kept_as_blocks(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> frozenset[str]:
+    """The parameters the lever replaces with the file's blocks on `device`: a build with the lever on leaves them
+    unfilled, so no dequantized copy is made only to be dropped (on the CPU their pages are never touched: an 8B
+    Q4_0 loads without a 16 GB bf16 copy)."""
+    triton = _triton(device)
+    names = {f"layers.{index}.{'.'.join(PROJECTIONS[suffix])}.weight" for index, suffix in _kept(checkpoint, triton)}
+    # the CPU's bf16 head too, unless tied: then it is the embedding, which its lookups still read dequantized
+    if not triton and dtype == COMPUTE and _head(checkpoint) is not None and not checkpoint.config.tie_embeddings:
+        names.add("lm_head.weight")
+    return frozenset(names)
+
+
+def _triton(device: torch.device) -> bool:
+    """The blocks go through the Triton GEMV (CUDA, or Triton's interpreter); else torch's int4 CPU matmul."""
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _kept(checkpoint: Checkpoint, triton: bool) -> list[tuple[int, str]]:
+    """(layer, projection) of each projection the lever keeps as blocks."""
+    return [(index, suffix) for index in range(checkpoint.config.num_layers) for suffix in PROJECTIONS
+            if _takes(checkpoint.tensors.get(f"layers.{index}.{suffix}"), triton)]
+
+
+def _head(checkpoint: Checkpoint) -> RawTensor | None:
+    """The output projection's stored tensor where the CPU keeps it as blocks (a tied one: the embedding's)."""
+    tensors, config = checkpoint.tensors, checkpoint.config
+    raw = tensors.get("lm_head") or (tensors.get("embed") if config.tie_embeddings else None)
+    return raw if raw is not None and _takes(raw, False) else None
+
+
 def _output_projection(runner: Runner) -> None:
     """CPU: the output projection too (a tied one from the embedding's blocks, which the embedding keeps dequantized
     for its lookups): on the default model it is a fifth of the weights, and a bf16 GEMV of it took longer than all
     the layers' int4 ones."""
-    tensors, config = runner.checkpoint.tensors, runner.checkpoint.config
-    raw = tensors.get("lm_head") or (tensors.get("embed") if config.tie_embeddings else None)
-    if raw is not None and _takes(raw, False) and runner.torch_dtype == COMPUTE:
+    raw = _head(runner.checkpoint)
+    if raw is not None and runner.torch_dtype == COMPUTE:
         runner.model.lm_head = Int4Linear(runner, [raw], None)
 
 
