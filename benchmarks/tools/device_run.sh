@@ -26,7 +26,9 @@
 #   delete      issue 33's delete levers on $MODEL, ab at each depth of $DEPTHS (5 pairs): sparse_v's split design
 #               on the set without graphs, sparse_v's fused kernel against split-KV under graphs, vocab_compact on a
 #               JSON-schema workload (benchmarks/schemas/records.json) on $LEVERS  -> delete-$NAME-$DEV/ab-*.json
-#   kernels     kerneltriage kernel run for each of $KERNELS   -> kernel-NAME-$DEV.txt
+#   gemv        each projection shape's GEMV at M = 1 under $LEVERS, GB/s against the copy ceiling (gemv_sweep.py)
+              -> gemv-$NAME-$DEV$TAG.json
+  kernels     kerneltriage kernel run for each of $KERNELS   -> kernel-NAME-$DEV.txt
 #   llama-build build llama.cpp's llama-bench from $LLAMA_SRC (CUDA; ~5 min) for PEERS=llama.cpp
 #   index       benchmarks/tools/results_index.py over $OUT    -> $OUT/INDEX.md
 #
@@ -106,6 +108,8 @@ run_step() {
           --b "levers=$LEVERS,vocab_compact" "${extra[@]}" -d "$d" -p 64 -n 128 -r 5 --output json \
           --ledger "$LEDGER" > "$dir/ab-vocab-compact-records-d$d.json"
       done ;;
+    gemv) step python3 benchmarks/tools/gemv_sweep.py --model "$MODEL" --levers "$LEVERS" "${extra[@]}" \
+        --out "$OUT/gemv-$NAME-$DEV$TAG.json" ;;
     kernels) for k in ${KERNELS:-kerneltriage.kernels.rmsnorm:RMSNORM}; do
         local short=${k%%:*}; short=${short##*.}
         step "${kt[@]}" kernel run --kernel "$k" --model "$MODEL" "${extra[@]}" --ledger "$LEDGER" \
