@@ -67,36 +67,44 @@ def dequantized(w: QuantWeight, dtype: torch.dtype) -> torch.Tensor:
 @triton.jit
 def _quant_gemv(x_ptr, scale_ptr, min_ptr, q_ptr, out_ptr, rows, n, nblocks, sx, so,
                 KIND: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr):
+    """BN output rows a program; each step reads BB blocks of each as their bytes, once (a Q4 byte holds a block's
+    values j and j + 16, so the low and high nibbles meet their two halves of x), sums each block and scales the
+    sum once (Q4_1: d·q + m per value, whose sum would cancel if taken apart)."""
     cols = tl.program_id(0) * BN + tl.arange(0, BN)  # output rows of W
     n_ok = cols < n
-    v = tl.arange(0, BB * 32)  # values of BB consecutive blocks
-    block_of, within = v // 32, v % 32
-    acc = tl.zeros((ROWS, BN), tl.float32)
     r = tl.arange(0, ROWS)
+    r_ok = r < rows
+    WIDTH: tl.constexpr = 32 if KIND == 2 else 16  # bytes of one block's quants
+    j = tl.arange(0, WIDTH)
+    acc = tl.zeros((ROWS, BN), tl.float32)
     b0 = 0
-    while b0 < nblocks:
-        blocks = b0 + block_of  # (BB*32,)
-        ok = n_ok[:, None] & (blocks < nblocks)[None, :]
-        scale = tl.load(scale_ptr + cols[:, None] * nblocks + blocks[None, :], mask=ok, other=0.0).to(tl.float32)
+    while b0 < nblocks:  # (a while: Triton's interpreter takes no range over a runtime bound)
+        blocks = b0 + tl.arange(0, BB)
+        b_ok = blocks < nblocks
+        ok = n_ok[:, None] & b_ok[None, :]  # (BN, BB)
+        d = tl.load(scale_ptr + cols[:, None] * nblocks + blocks[None, :], mask=ok, other=0.0).to(tl.float32)
+        q = tl.load(q_ptr + cols[:, None, None] * (nblocks * WIDTH) + (blocks[:, None] * WIDTH + j[None, :])[None],
+                    mask=ok[:, :, None], other=0)  # (BN, BB, WIDTH)
+        at = r[:, None, None] * sx + (blocks[:, None] * 32 + j[None, :])[None]  # (ROWS, BB, WIDTH): x's values
+        x_ok = r_ok[:, None, None] & b_ok[None, :, None]
+        x = tl.load(x_ptr + at, mask=x_ok, other=0.0).to(tl.float32)
         if KIND == 2:
-            q = tl.load(q_ptr + cols[:, None] * (nblocks * 32) + (blocks * 32 + within)[None, :], mask=ok, other=0)
-            w = scale * q.to(tl.float32)
+            summed = tl.sum(x[:, None] * q.to(tl.float32)[None], axis=3)  # (ROWS, BN, BB)
+            acc += tl.sum(summed * d[None], axis=2)
         else:
-            byte = tl.load(q_ptr + cols[:, None] * (nblocks * 16) + (blocks * 16 + within % 16)[None, :], mask=ok,
-                           other=0)
-            q = ((byte >> ((within // 16) * 4)[None, :]) & 0x0F).to(tl.float32)
+            x_high = tl.load(x_ptr + at + 16, mask=x_ok, other=0.0).to(tl.float32)  # values 16..31 of each block
+            low, high = (q & 0x0F).to(tl.float32), (q >> 4).to(tl.float32)
             if KIND == 1:
-                w = scale * q + tl.load(min_ptr + cols[:, None] * nblocks + blocks[None, :], mask=ok,
-                                        other=0.0).to(tl.float32)
+                m = tl.load(min_ptr + cols[:, None] * nblocks + blocks[None, :], mask=ok, other=0.0).to(tl.float32)
+                w_low = d[:, :, None] * low + m[:, :, None]
+                w_high = d[:, :, None] * high + m[:, :, None]
+                acc += tl.sum(tl.sum(x[:, None] * w_low[None] + x_high[:, None] * w_high[None], axis=3), axis=2)
             else:
-                w = scale * (q - 8.0)
-        k = blocks * 32 + within
-        x = tl.load(x_ptr + r[:, None] * sx + k[None, :], mask=(r < rows)[:, None] & (blocks < nblocks)[None, :],
-                    other=0.0).to(tl.float32)  # (ROWS, BB*32)
-        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)  # (ROWS, BN)
+                summed = tl.sum(x[:, None] * (low - 8.0)[None] + x_high[:, None] * (high - 8.0)[None], axis=3)
+                acc += tl.sum(summed * d[None], axis=2)
         b0 += BB
     tl.store(out_ptr + r[:, None] * so + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=(r < rows)[:, None] & n_ok[None, :])
+             mask=r_ok[:, None] & n_ok[None, :])
 
 
 def quant_gemv(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
