@@ -133,3 +133,46 @@ def test_the_m_sweep_times_the_quantized_projections_through_their_gemv() -> Non
     assert ran and not quant.counters["quantized"]  # the blocks' GEMV ran, uncounted: no proof of a lever's run
     down = next(curve for curve in curves if "down_proj" in curve.name)
     assert down.weight_bytes < down.k * down.n * 4 / 3  # Q4_1: ~5 bits a weight, not float32's 32
+
+
+# The GPU build, which the interpreter never runs: compiled for sm_90a on this machine, pointers and sizes 16-divisible
+# as a launch on an 8B's shapes specializes them. Each block's bytes arrive in vector loads (a byte a value made the
+# old kernel issue-bound: 129 load instructions a step against 5). Apart from this process (conftest's interpreter).
+SM90_BUILD = """
+import collections, re, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kerneltriage.kernels.quant_gemv import BLOCK, KINDS, TILE, _quant_gemv
+
+names = _quant_gemv.arg_names
+for qtype, kind in KINDS.items():
+    for rows in (1, 16):
+        consts = {"KIND": kind, "ROWS": rows, "BN": 8, "BB": TILE // BLOCK // rows}
+        sig = {n: "constexpr" if n in consts else "*i8" if n == "q_ptr" and qtype == "Q8_0" else "*u8"
+               if n == "q_ptr" else "*fp16" if n in ("scale_ptr", "min_ptr") else "*bf16" if n.endswith("_ptr")
+               else "i32" for n in names}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n] != "constexpr"}
+        ptx = triton.compile(ASTSource(_quant_gemv, signature=sig, constexprs=consts, attrs=attrs),
+                             target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+        loads = collections.Counter(re.findall(r"ld\\.global((?:\\.[a-z0-9]+)*)", ptx))
+        print(qtype, rows, dict(loads))
+"""
+
+
+def test_the_gemv_builds_for_sm90_with_vector_loads() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-c", SM90_BUILD], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 * len(QTYPES)
+    for line in lines:
+        qtype, rows, text = line.split(" ", 2)
+        loads = eval(text)  # {'.v4.b32': 2, ...}: the kernel's global load instructions by width
+        assert any(".v4" in width for width in loads) or rows != "1", line  # decode: 16-byte loads of the blocks
+        assert any(".v" in width for width in loads), line  # vectors at 16 rows too (fewer blocks a step)
+        assert not any(width.endswith((".b8", ".u8", ".s8")) for width in loads), line  # no byte-wide ones
+        assert sum(loads.values()) <= 16, line
