@@ -160,6 +160,7 @@ for qtype, kind in KINDS.items():
 
 
 def test_the_gemv_builds_for_sm90_with_vector_loads() -> None:
+    import ast
     import os
     import subprocess
     import sys
@@ -171,7 +172,7 @@ def test_the_gemv_builds_for_sm90_with_vector_loads() -> None:
     assert len(lines) == 2 * len(QTYPES)
     for line in lines:
         qtype, rows, text = line.split(" ", 2)
-        loads = eval(text)  # {'.v4.b32': 2, ...}: the kernel's global load instructions by width
+        loads = ast.literal_eval(text)  # {'.v4.b32': 2, ...}: the kernel's global load instructions by width
         assert any(".v4" in width for width in loads) or rows != "1", line  # decode: 16-byte loads of the blocks
         assert any(".v" in width for width in loads), line  # vectors at 16 rows too (fewer blocks a step)
         assert not any(width.endswith((".b8", ".u8", ".s8")) for width in loads), line  # no byte-wide ones
