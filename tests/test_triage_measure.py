@@ -29,6 +29,7 @@ from kerneltriage.triage.climb import gain
 from kerneltriage.triage.ladder import Ladder, Trial
 from kerneltriage.triage.setup import Budget, Workload
 from kerneltriage.triage.shares import baseline_evidence, lever_shares
+from kerneltriage.triage import trials as trials_module
 from kerneltriage.triage.trials import Trials
 
 BACKEND = get_backend("torch")
@@ -227,3 +228,32 @@ def test_the_setup_warms_up_at_full_size_only_where_a_first_run_differs() -> Non
     assert not first_run_differs(tiny_runner("llama"))  # stock: warm_up's short run did the lazy inits
     assert not first_run_differs(tiny_runner("llama", "packed_qkv,fused_norm"))  # model levers: nothing captured
     assert first_run_differs(tiny_runner("llama", "one_sync"))  # a loop lever: what replaces the loop runs first
+
+
+@pytest.mark.parametrize("seconds_per_token, sizes", [(0.0, (8, 4)), (0.2, (4, 2)), (2.0, (4, 2))])
+def test_samples_shrink_where_the_fewest_pairs_would_overrun(monkeypatch: pytest.MonkeyPatch,
+                                                             seconds_per_token: float, sizes: tuple) -> None:
+    """A slow engine (each token costs `seconds_per_token` more on a patched clock): its lever samples shrink in
+    proportion, not below trials.SMALLEST; a fast one keeps the workload's pp8/tg4."""
+    runner = tiny_runner("llama")
+    trials = _trials(runner)
+    monkeypatch.setattr(trials_module, "SMALLEST", (4, 2))
+    clock = {"now": 0.0}
+    real_sampler = trials_module.ab.sampler_of
+
+    def slowed(r, test, prompt_set):  # noqa: ANN001, ANN202
+        sample = real_sampler(r, test, prompt_set)
+
+        def run() -> None:
+            sample()
+            clock["now"] += seconds_per_token * test.n
+        return run
+
+    monkeypatch.setattr(trials_module.ab, "sampler_of", slowed)
+    monkeypatch.setattr(trials_module.time, "perf_counter", lambda: clock["now"])
+    twin = BACKEND.copy(runner, runner.run_config)
+    settings = trials._sized(runner, twin)
+    # 0.2 s a token: a pair is 2 × (8 + 4) × 0.2 = 4.8 s, 5 pairs 24 s against the CPU's 10: × 0.42, pp8 → 3 → 4
+    # (SMALLEST), tg4 → 1 → 2; 2 s a token: the same floors
+    assert (settings.prompt, settings.gen) == sizes
+    assert settings.pairs >= 5

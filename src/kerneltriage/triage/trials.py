@@ -9,6 +9,8 @@ checked for the candidates whose timing wins (`ab`'s winners-only check), not fo
 
 How many pairs a base gets follows its own speed: NOISE_SECONDS of A/A pairs, between the device's least and most
 (an eager decode on the H200 takes 0.35 s a sample, a graphed one 10 ms: 5 pairs of the first, 20 of the second).
+Where even the fewest pairs would take longer, the samples shrink instead (fewer prompt and decode tokens, down to
+SMALLEST): MLX's CPU prefill runs ~9 tok/s, so a 128-token sample alone took 15 s and one A/B of the climb 274 s.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from kerneltriage.triage.measure import LeverResult
 from kerneltriage.triage.setup import Budget, Workload
 
 NOISE_SECONDS = {"cuda": 1.0, "cpu": 10.0}  # wall seconds of A/A pairs a base gets, both phases together
+SMALLEST = (16, 4)  # the prompt and decode tokens a lever sample shrinks to at most (`_sized`)
 
 
 @dataclass
@@ -125,20 +128,19 @@ class Trials:
 
     def _sized(self, runner: Runner, twin: Runner) -> ab.Settings:
         """The template with pairs for NOISE_SECONDS of A/A (MIN_PAIRS at least), sized by each side's last warm-up
-        sample in each phase (the warm-ups are done here: the blocks need none)."""
+        sample in each phase (the warm-ups are done here: the blocks need none). Where MIN_PAIRS would take longer,
+        the samples shrink in proportion (not below SMALLEST) and are warmed and timed again."""
         settings = self.template
-        pair = 0.0
-        for r in (runner, twin):
-            r.drop_cache()
-            r.reset_cache(settings.context_needed)
-            for test in settings.tests:
-                sample = ab.sampler_of(r, test, settings.prompt_set)
-                for _ in range(max(1, settings.warmups)):
-                    began = time.perf_counter()
-                    sample()
-                last = time.perf_counter() - began
-                pair += last
         limit = NOISE_SECONDS["cuda" if runner.device_type == "cuda" else "cpu"]
+        pair = _warm_pair(runner, twin, settings)
+        scale = limit / (MIN_PAIRS * pair) if pair > 0 else 1.0
+        if scale < 1.0:
+            prompt, gen = (max(min(size, smallest), int(size * scale))
+                           for size, smallest in zip((settings.prompt, settings.gen), SMALLEST))
+            if (prompt, gen) != (settings.prompt, settings.gen):
+                settings = dataclasses.replace(settings, prompt=prompt, gen=gen)
+                self.tell(f"samples shrunk to pp{prompt}/tg{gen}: {pair:.1f} s a pair at full size")
+                pair = _warm_pair(runner, twin, settings)
         pairs = int(min(max(limit / max(pair, 1e-6), MIN_PAIRS), self.budget.lever_pairs))
         return dataclasses.replace(settings, pairs=pairs, warmups=0)
 
@@ -183,3 +185,18 @@ class Trials:
             self.backend.release(base.runner)
         else:
             base.runner.drop_cache()
+
+
+def _warm_pair(runner: Runner, twin: Runner, settings: ab.Settings) -> float:
+    """Seconds of one pair (each side's last warm-up sample of each phase, after `settings.warmups` of them)."""
+    pair = 0.0
+    for r in (runner, twin):
+        r.drop_cache()
+        r.reset_cache(settings.context_needed)
+        for test in settings.tests:
+            sample = ab.sampler_of(r, test, settings.prompt_set)
+            for _ in range(max(1, settings.warmups)):
+                began = time.perf_counter()
+                sample()
+            pair += time.perf_counter() - began
+    return pair
