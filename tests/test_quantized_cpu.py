@@ -6,6 +6,8 @@ stock's tokens. Conftest runs Triton's interpreter on the CPU (the CUDA path's t
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 import pytest
 import torch
@@ -126,3 +128,35 @@ def test_a_build_with_the_lever_dequantizes_nothing_it_replaces(dtype: str, monk
     for runner in (built, late):
         runner.reset_cache(32)
     assert torch.equal(built.prefill(prompt, 0), late.prefill(prompt, 0))  # what the lever replaced is not read
+
+
+def test_the_fit_check_counts_what_stays_as_blocks(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """A host with less memory than the bf16 model needs, more than it needs with its projections kept as Q4_0
+    blocks: the stock build is refused in one line, the build with `quantized` is not (on the CPU what it keeps is
+    never dequantized), and the CLI's early check leaves that case to the backend."""
+    from kerneltriage.backends.torch import device as device_module
+    from kerneltriage.cli import common
+    from kerneltriage.core.errors import InputError
+    from kerneltriage.engine.gguf_write import write_gguf
+    from kerneltriage.engine import memory
+    from kerneltriage.engine.memory import estimate_memory
+    from kerneltriage.engine.presets import PRESETS
+    from kerneltriage.engine.sources import load_checkpoint
+
+    path = tmp_path / "smollm2-q4_0.gguf"
+    write_gguf(PRESETS["smollm2-135m"], "Q4_0", path)
+    checkpoint = load_checkpoint(str(path))
+    needed = estimate_memory(checkpoint.config, 2).total
+    saved = sum(np.prod(raw.shape) * 2 - np.asarray(raw.data).nbytes for name, raw in checkpoint.tensors.items()
+                if name.startswith("layers.") and name.split(".")[-1] in PROJECTIONS)
+    assert saved > 0.25 * needed  # the projections: most of the weights (a third with the cache and the transient)
+    monkeypatch.setattr(device_module, "host_available_bytes", lambda: needed - saved // 2)
+    with pytest.raises(InputError, match="in bfloat16 needs about"):
+        BACKEND.build(checkpoint, RunConfig(), "cpu", "bfloat16")
+    runner = BACKEND.build(checkpoint, RunConfig.from_flags("quantized"), "cpu", "bfloat16")
+    assert isinstance(runner.model.layers[0].mlp.down_proj, Int4Linear)
+    monkeypatch.setattr(memory, "host_available_bytes", lambda: needed - saved // 2)
+    flags = argparse.Namespace(backend="auto", device="cpu", dtype="bf16")
+    with pytest.raises(InputError, match="in bfloat16 needs about"):
+        common.refuse_early(checkpoint, flags)
+    common.refuse_early(checkpoint, flags, RunConfig.from_flags("quantized"))  # left to the backend's exact check

@@ -118,7 +118,7 @@ def _nvidia_device_nodes() -> bool | None:
     return any(Path("/dev").glob("nvidia[0-9]*"))
 
 
-def refuse_early(checkpoint: Any, args: argparse.Namespace) -> None:
+def refuse_early(checkpoint: Any, args: argparse.Namespace, config: RunConfig | None = None) -> None:
     """The torch backend's device and memory checks, made before torch is imported (seconds on a small machine):
     `--device cuda` on a host with no NVIDIA device, or a model that cannot fit in the host's memory on the CPU,
     is refused at once. The backend checks again at load, exactly."""
@@ -132,7 +132,9 @@ def refuse_early(checkpoint: Any, args: argparse.Namespace) -> None:
         raise InputError(f"--device {args.device}: no CUDA device on this machine (no NVIDIA device in /dev)")
     on_cpu = args.device == "cpu" or (args.device == "auto" and gpu is False)
     dtype = "float32" if args.dtype == "auto" else DTYPE_NAMES.get(args.dtype)
-    if on_cpu and dtype is not None:
+    # with `quantized` the weights it keeps as blocks are smaller than any dtype's: the backend's check at load
+    # counts them exactly
+    if on_cpu and dtype is not None and not (config is not None and config.has("quantized")):
         require_fits(checkpoint.config, dtype, DTYPE_BYTES[dtype], "cpu", host_available_bytes())
 
 
@@ -140,7 +142,7 @@ def build_runner(checkpoint: Any, args: argparse.Namespace, config: RunConfig) -
     """Backend, device and dtype from the flags; load the weights there with `config`; say how long that took."""
     from kerneltriage.engine.backend import get_backend
 
-    refuse_early(checkpoint, args)
+    refuse_early(checkpoint, args, config)
     backend = get_backend(args.backend)
     device = backend.resolve_device(args.device)
     dtype = backend.resolve_dtype(args.dtype, device)

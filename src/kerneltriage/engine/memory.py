@@ -7,6 +7,7 @@ Activations and logits depend on the run's prompt length and are left to the run
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,9 +58,13 @@ def estimate_memory(config: ModelConfig, dtype_bytes: int, positions: int | None
     return MemoryEstimate(sum(sizes) * dtype_bytes, kv, max(sizes) * FLOAT32_BYTES, positions)
 
 
-def require_fits(config: ModelConfig, dtype: str, dtype_bytes: int, device: str, available: int | None) -> None:
-    """InputError when `config` in `dtype` cannot fit in the `available` bytes of `device` (unknown: no check)."""
+def require_fits(config: ModelConfig, dtype: str, dtype_bytes: int, device: str, available: int | None,
+                 saved: int = 0) -> None:
+    """InputError when `config` in `dtype` cannot fit in the `available` bytes of `device` (unknown: no check);
+    `saved`: bytes the weights take less than in `dtype` (those kept as quantized blocks)."""
     estimate = estimate_memory(config, dtype_bytes)
+    if saved:
+        estimate = dataclasses.replace(estimate, weights=estimate.weights - saved)
     if available is not None and estimate.total > available:
         raise InputError(f"{config.name or 'the model'} in {dtype} needs about {estimate.describe()} on {device}, "
                          f"but {format_bytes(available)} is available; try --dtype bf16, a smaller model or "

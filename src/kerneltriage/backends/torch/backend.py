@@ -34,7 +34,7 @@ class TorchBackend:
     def build(self, checkpoint: Checkpoint, config: RunConfig, device: str, dtype: str) -> Runner:
         place, torch_dtype = torch.device(device), getattr(torch, dtype)
         # what `quantized` replaces with the file's blocks is not dequantized first only to be dropped
-        unfilled = kept_as_blocks(checkpoint, place, torch_dtype) if config.has(QUANTIZED) else frozenset()
+        unfilled = kept_as_blocks(checkpoint, place, torch_dtype) if config.has(QUANTIZED) else {}
         return apply_config(build_runner(checkpoint, place, torch_dtype, unfilled), config)
 
     def copy(self, runner: Runner, config: RunConfig) -> Runner:

@@ -39,6 +39,8 @@ def available_memory(device: torch.device) -> int | None:
     return host_available_bytes()
 
 
-def check_fits(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
-    """InputError, before anything is allocated, when the model cannot fit on `device` in `dtype`."""
-    require_fits(config, str(dtype).removeprefix("torch."), dtype.itemsize, str(device), available_memory(device))
+def check_fits(config: ModelConfig, device: torch.device, dtype: torch.dtype, saved: int = 0) -> None:
+    """InputError, before anything is allocated, when the model cannot fit on `device` in `dtype` (`saved`: bytes
+    its weights take less than in `dtype`, those a lever keeps as blocks)."""
+    require_fits(config, str(dtype).removeprefix("torch."), dtype.itemsize, str(device), available_memory(device),
+                 saved)

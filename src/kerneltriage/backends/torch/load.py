@@ -4,7 +4,11 @@ random weights for presets, created there directly (no CPU round trip for 8B).""
 from __future__ import annotations
 
 import dataclasses
+import math
+from types import MappingProxyType
+from typing import Mapping
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -14,7 +18,7 @@ from kerneltriage.backends.torch.models import Model, model_class
 from kerneltriage.backends.torch.models.gemma3 import RMSNorm as GemmaRMSNorm
 from kerneltriage.backends.torch.models.llama import RMSNorm
 from kerneltriage.backends.torch.runner import Runner
-from kerneltriage.engine.checkpoint import Checkpoint
+from kerneltriage.engine.checkpoint import Checkpoint, RawTensor
 from kerneltriage.engine.config import ModelConfig
 from kerneltriage.engine.presets import PRESET_SEED
 from kerneltriage.engine.rope import rope_inv_freq
@@ -24,18 +28,18 @@ INIT_STD = 0.02
 
 
 def build_runner(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
-                 unfilled: frozenset[str] = frozenset()) -> Runner:
+                 unfilled: Mapping[str, RawTensor] = MappingProxyType({})) -> Runner:
     """A stock runner: the checkpoint's weights on `device` in `dtype`, no levers (`unfilled`: load_model)."""
     return Runner(load_model(checkpoint, device, dtype, unfilled), checkpoint, device, dtype)
 
 
 def load_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
-               unfilled: frozenset[str] = frozenset()) -> Model:
+               unfilled: Mapping[str, RawTensor] = MappingProxyType({})) -> Model:
     """A ready Model on `device` in `dtype` (norm weights too), weights tied where the config says so. The
-    parameters named in `unfilled` are allocated but not filled: a lever applied at once replaces them (quantized's
-    `kept_as_blocks`)."""
+    parameters named in `unfilled` are allocated but not filled: a lever applied at once replaces them with the
+    stored tensors given (quantized's `kept_as_blocks`), whose bytes the fit check counts instead."""
     config = checkpoint.config
-    validate_before_allocating(checkpoint, device, dtype)
+    validate_before_allocating(checkpoint, device, dtype, unfilled)
     model = _skeleton(config, device, dtype)
     if config.random_weights:
         _fill_random(model, device)
@@ -50,13 +54,18 @@ def load_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
     return model.eval().requires_grad_(False)
 
 
-def validate_before_allocating(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> None:
+def validate_before_allocating(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
+                               unfilled: Mapping[str, RawTensor] = MappingProxyType({})) -> None:
     """Nothing is built for sizes that disagree with the tensors present, or for a model that cannot fit on
-    the device (engine/validate.py, device.check_fits): both fail in one line instead of an OOM or a hang."""
+    the device (engine/validate.py, device.check_fits; on the CPU what stays as blocks counted as its blocks): both
+    fail in one line instead of an OOM or a hang."""
     if not checkpoint.config.random_weights:
         shapes = {name: raw.shape for name, raw in checkpoint.tensors.items()}
         check_tensors(checkpoint.source, checkpoint.config, shapes)
-    check_fits(checkpoint.config, device, dtype)
+    # on the CPU an unfilled parameter's pages are never touched; a GPU allocates it whole before the lever frees it
+    saved = sum(math.prod(raw.shape) * dtype.itemsize - np.asarray(raw.data).nbytes for raw in unfilled.values()) \
+        if device.type == "cpu" else 0
+    check_fits(checkpoint.config, device, dtype, saved)
 
 
 def stock_copy(model: Model, dtype: torch.dtype | None = None, layers: int | None = None) -> Model:
@@ -98,7 +107,7 @@ def _skeleton(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> 
 
 
 def _fill_from_checkpoint(model: Model, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
-                          unfilled: frozenset[str]) -> None:
+                          unfilled: Mapping[str, RawTensor]) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     expected = {name: tuple(param.shape) for name, param in params.items()
                 if name != "lm_head.weight" or not model.config.tie_embeddings}

@@ -174,16 +174,19 @@ def quantized(runner: Runner, value: str | None = None) -> None:
         _output_projection(runner)
 
 
-def kept_as_blocks(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> frozenset[str]:
-    """The parameters the lever replaces with the file's blocks on `device`: a build with the lever on leaves them
-    unfilled, so no dequantized copy is made only to be dropped (on the CPU their pages are never touched: an 8B
-    Q4_0 loads without a 16 GB bf16 copy)."""
+def kept_as_blocks(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> dict[str, RawTensor]:
+    """The parameters the lever replaces with the file's blocks on `device`, each with its stored tensor: a build
+    with the lever on leaves them unfilled, so no dequantized copy is made only to be dropped (on the CPU their pages
+    are never touched: an 8B Q4_0 loads without a 16 GB bf16 copy), and counts their blocks, not their values,
+    when it checks that the model fits."""
     triton = _triton(device)
-    names = {f"layers.{index}.{'.'.join(PROJECTIONS[suffix])}.weight" for index, suffix in _kept(checkpoint, triton)}
+    kept = {f"layers.{index}.{'.'.join(PROJECTIONS[suffix])}.weight": checkpoint.tensors[f"layers.{index}.{suffix}"]
+            for index, suffix in _kept(checkpoint, triton)}
+    head = _head(checkpoint)
     # the CPU's bf16 head too, unless tied: then it is the embedding, which its lookups still read dequantized
-    if not triton and dtype == COMPUTE and _head(checkpoint) is not None and not checkpoint.config.tie_embeddings:
-        names.add("lm_head.weight")
-    return frozenset(names)
+    if not triton and dtype == COMPUTE and head is not None and not checkpoint.config.tie_embeddings:
+        kept["lm_head.weight"] = head
+    return kept
 
 
 def _triton(device: torch.device) -> bool:
