@@ -27,8 +27,8 @@
 #               on the set without graphs, sparse_v's fused kernel against split-KV under graphs, vocab_compact on a
 #               JSON-schema workload (benchmarks/schemas/records.json) on $LEVERS  -> delete-$NAME-$DEV/ab-*.json
 #   gemv        each projection shape's GEMV at M = 1 under $LEVERS, GB/s against the copy ceiling (gemv_sweep.py)
-              -> gemv-$NAME-$DEV$TAG.json
-  kernels     kerneltriage kernel run for each of $KERNELS   -> kernel-NAME-$DEV.txt
+#               -> gemv-$NAME-$DEV$TAG.json
+#   kernels     kerneltriage kernel run for each of $KERNELS   -> kernel-NAME-$DEV.txt
 #   llama-build build llama.cpp's llama-bench from $LLAMA_SRC (CUDA; ~5 min) for PEERS=llama.cpp
 #   index       benchmarks/tools/results_index.py over $OUT    -> $OUT/INDEX.md
 #
