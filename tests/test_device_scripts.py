@@ -1,0 +1,40 @@
+"""The GPU machine's shell tools (benchmarks/tools/device_run.sh, device_prep.sh): their help runs nothing and names
+every step the script takes; a bad step or a missing interpreter is one line and exit status 2. Device time is the
+scarcest thing this project has: a broken script must fail here, not there."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = ROOT / "benchmarks" / "tools"
+
+
+def _run(script: str, *args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(TOOLS / script), *args], cwd=cwd, capture_output=True, text=True, timeout=60,
+                          env=env)
+
+
+def test_device_run_help_names_every_step_and_runs_nothing(tmp_path: Path) -> None:
+    done = _run("device_run.sh", "--help", cwd=tmp_path)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert not list(tmp_path.iterdir())  # a help line that ran as a command would have left a file or an error
+    text = (TOOLS / "device_run.sh").read_text()
+    steps = set(re.findall(r"^    ([a-z][a-z-]*)\)", text, flags=re.M))  # the case statement's steps
+    helped = set(re.findall(r"^  ([a-z][a-z-]*) ", done.stdout, flags=re.M))
+    assert {"smoke", "gpu-tests", "gemv", "delete", "llama-build"} <= steps and steps <= helped, steps - helped
+
+
+def test_device_run_refuses_an_unknown_step(tmp_path: Path) -> None:
+    done = _run("device_run.sh", "warp-drive", cwd=ROOT, env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path)})
+    assert done.returncode == 2 and "unknown step 'warp-drive'" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_device_prep_help_and_a_missing_interpreter(tmp_path: Path) -> None:
+    done = _run("device_prep.sh", "--help", cwd=tmp_path)
+    assert done.returncode == 0 and "device_prep.sh whl" in done.stdout and not list(tmp_path.iterdir())
+    done = _run("device_prep.sh", cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PY": str(tmp_path / "no-python")})
+    assert done.returncode == 2 and "no-python: not found" in done.stderr
