@@ -230,11 +230,12 @@ def test_the_setup_warms_up_at_full_size_only_where_a_first_run_differs() -> Non
     assert first_run_differs(tiny_runner("llama", "one_sync"))  # a loop lever: what replaces the loop runs first
 
 
-@pytest.mark.parametrize("seconds_per_token, sizes", [(0.0, (8, 4)), (0.2, (4, 2)), (2.0, (4, 2))])
+@pytest.mark.parametrize("seconds_per_token, sizes", [(0.0, (8, 4)), (0.2, (8, 4)), (0.3, (4, 2)), (2.0, (4, 2))])
 def test_samples_shrink_where_the_fewest_pairs_would_overrun(monkeypatch: pytest.MonkeyPatch,
                                                              seconds_per_token: float, sizes: tuple) -> None:
-    """A slow engine (each token costs `seconds_per_token` more on a patched clock): its lever samples shrink in
-    proportion, not below trials.SMALLEST; a fast one keeps the workload's pp8/tg4."""
+    """A slow engine (each token costs `seconds_per_token` more on a patched clock): where its fewest pairs would
+    take longer than SHRINK_SECONDS its lever samples shrink to the CPU's noise budget, not below trials.SMALLEST; a
+    faster one keeps the workload's pp8/tg4."""
     runner = tiny_runner("llama")
     trials = _trials(runner)
     monkeypatch.setattr(trials_module, "SMALLEST", (4, 2))
@@ -253,7 +254,7 @@ def test_samples_shrink_where_the_fewest_pairs_would_overrun(monkeypatch: pytest
     monkeypatch.setattr(trials_module.time, "perf_counter", lambda: clock["now"])
     twin = BACKEND.copy(runner, runner.run_config)
     settings = trials._sized(runner, twin)
-    # 0.2 s a token: a pair is 2 × (8 + 4) × 0.2 = 4.8 s, 5 pairs 24 s against the CPU's 10: × 0.42, pp8 → 3 → 4
-    # (SMALLEST), tg4 → 1 → 2; 2 s a token: the same floors
+    # a pair is 2 × (8 + 4) tokens: at 0.2 s a token 4.8 s, its 5 pairs 24 s, under SHRINK_SECONDS (30): kept; at
+    # 0.3 s, 36 s: × 10 / 36, pp8 → 2 → 4 (SMALLEST), tg4 → 1 → 2; at 2 s the same floors
     assert (settings.prompt, settings.gen) == sizes
     assert settings.pairs >= 5

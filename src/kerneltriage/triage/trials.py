@@ -9,8 +9,9 @@ checked for the candidates whose timing wins (`ab`'s winners-only check), not fo
 
 How many pairs a base gets follows its own speed: NOISE_SECONDS of A/A pairs, between the device's least and most
 (an eager decode on the H200 takes 0.35 s a sample, a graphed one 10 ms: 5 pairs of the first, 20 of the second).
-Where even the fewest pairs would take longer, the samples shrink instead (fewer prompt and decode tokens, down to
-SMALLEST): MLX's CPU prefill runs ~9 tok/s, so a 128-token sample alone took 15 s and one A/B of the climb 274 s.
+Where even the fewest pairs would take longer than SHRINK_SECONDS, the samples shrink to fit NOISE_SECONDS instead
+(fewer prompt and decode tokens, down to SMALLEST): MLX's CPU prefill runs ~9 tok/s, so a 128-token sample alone took
+15 s and one A/B of the climb 274 s. (An eager base on the H200, ~4 s for its fewest pairs, keeps its sizes.)
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from kerneltriage.triage.setup import Budget, Workload
 
 NOISE_SECONDS = {"cuda": 1.0, "cpu": 10.0}  # wall seconds of A/A pairs a base gets, both phases together
 SMALLEST = (16, 4)  # the prompt and decode tokens a lever sample shrinks to at most (`_sized`)
+SHRINK_SECONDS = 30.0  # the fewest pairs taking longer than this: the samples shrink (`_sized`)
 
 
 @dataclass
@@ -128,13 +130,13 @@ class Trials:
 
     def _sized(self, runner: Runner, twin: Runner) -> ab.Settings:
         """The template with pairs for NOISE_SECONDS of A/A (MIN_PAIRS at least), sized by each side's last warm-up
-        sample in each phase (the warm-ups are done here: the blocks need none). Where MIN_PAIRS would take longer,
-        the samples shrink in proportion (not below SMALLEST) and are warmed and timed again."""
+        sample in each phase (the warm-ups are done here: the blocks need none). Where MIN_PAIRS would take longer
+        than SHRINK_SECONDS, the samples shrink to fit NOISE_SECONDS (not below SMALLEST), warmed and timed again."""
         settings = self.template
         limit = NOISE_SECONDS["cuda" if runner.device_type == "cuda" else "cpu"]
         pair = _warm_pair(runner, twin, settings)
-        scale = limit / (MIN_PAIRS * pair) if pair > 0 else 1.0
-        if scale < 1.0:
+        if MIN_PAIRS * pair > SHRINK_SECONDS:
+            scale = limit / (MIN_PAIRS * pair)
             prompt, gen = (max(min(size, smallest), int(size * scale))
                            for size, smallest in zip((settings.prompt, settings.gen), SMALLEST))
             if (prompt, gen) != (settings.prompt, settings.gen):
