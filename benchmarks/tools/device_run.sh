@@ -26,6 +26,8 @@
 #   delete      issue 33's delete levers on $MODEL, ab at each depth of $DEPTHS (5 pairs): sparse_v's split design
 #               on the set without graphs, sparse_v's fused kernel against split-KV under graphs, vocab_compact on a
 #               JSON-schema workload (benchmarks/schemas/records.json) on $LEVERS  -> delete-$NAME-$DEV/ab-*.json
+#   gguf        write a GGUF of preset $PRESET's shapes with random $QTYPE blocks at /tmp/$PRESET-$QTYPE.gguf (for
+#               MODEL=/tmp/...: the same quantized file for kerneltriage and llama.cpp; ~10 s for an 8B)
 #   gemv        each projection shape's GEMV at M = 1 under $LEVERS, GB/s against the copy ceiling (gemv_sweep.py)
 #               -> gemv-$NAME-$DEV$TAG.json
 #   kernels     kerneltriage kernel run for each of $KERNELS   -> kernel-NAME-$DEV.txt
@@ -38,7 +40,8 @@
 #   SETS [repetitive copy_heavy copy_heavy_holdout summarize open_ended]  PAIRS [5]  TAG [""; e.g. -float32]
 #   A, B [levers= / levers=$LEVERS]  KERNELS [kerneltriage.kernels.rmsnorm:RMSNORM]  LIMIT_S [560 per sub-step]
 #   EXTRA [more flags for every kerneltriage call, e.g. "--dtype float32"]  LLAMA_SRC [llama.cpp's source folder]
-#   LEDGER [$OUT/ledger-$DEV.db]  HAND [$LEVERS: the best set found by hand, for climb]  DEPTHS [512 4096 7936]
+#   PRESET, QTYPE [llama3-8b, Q4_0: the gguf step]  LEDGER [$OUT/ledger-$DEV.db]  DEPTHS [512 4096 7936]
+#   HAND [$LEVERS: the best set found by hand, for climb]
 #   UNGRAPHED, GRAPHED [delete's sets: the best set without graphs, fused_layer and pdl; and with graphs]
 set -uo pipefail
 if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ]; then
@@ -108,6 +111,8 @@ run_step() {
           --b "levers=$LEVERS,vocab_compact" "${extra[@]}" -d "$d" -p 64 -n 128 -r 5 --output json \
           --ledger "$LEDGER" > "$dir/ab-vocab-compact-records-d$d.json"
       done ;;
+    gguf) [ -f "/tmp/${PRESET:-llama3-8b}-${QTYPE:-Q4_0}.gguf" ] || step "${kt[@]}" gguf write \
+        --preset "${PRESET:-llama3-8b}" --type "${QTYPE:-Q4_0}" "/tmp/${PRESET:-llama3-8b}-${QTYPE:-Q4_0}.gguf" ;;
     gemv) step python3 benchmarks/tools/gemv_sweep.py --model "$MODEL" --levers "$LEVERS" "${extra[@]}" \
         --out "$OUT/gemv-$NAME-$DEV$TAG.json" ;;
     kernels) for k in ${KERNELS:-kerneltriage.kernels.rmsnorm:RMSNORM}; do
