@@ -108,6 +108,49 @@ def test_vocabulary_ceiling_and_sparse_v() -> None:
     assert len(measured.per_layer) == 2 and 0.0 <= measured.fraction <= 1.0 and measured.depth == len(PROMPT)
 
 
+def test_blocks_read_as_values_fires_on_a_quantized_file_read_in_float32() -> None:
+    """A GGUF whose projections and head are Q4/Q8 blocks, read as float32 values: the finding's bound is the bytes
+    a token reads then over the bytes it would read with the blocks; a file with none stays silent."""
+    np = pytest.importorskip("numpy")
+    quants = pytest.importorskip("gguf.quants")
+    from gguf import GGMLQuantizationType
+
+    from conftest import tiny_checkpoint
+    from kerneltriage.core import roofline
+    from kerneltriage.engine.checkpoint import Checkpoint, RawTensor
+
+    plain = tiny_checkpoint("llama", vocab_size=320)
+    assert q1_delete.stored_blocks(plain, 4) == (0, 0)
+    assert q1_delete.blocks_read_as_values(0, 0, 10**6) is None
+    tensors = dict(plain.tensors)
+    for name, raw in plain.tensors.items():
+        if name == "lm_head" or (name.startswith("layers.") and name.split(".")[-1] in q1_delete.PROJECTIONS):
+            values = np.asarray(raw.data, dtype=np.float32)
+            tensors[name] = RawTensor("Q4_0", values.shape, quants.quantize(values, GGMLQuantizationType.Q4_0))
+    blocks, values = q1_delete.stored_blocks(Checkpoint(plain.config, tensors, plain.tokenizer, source="q4"), 4)
+    assert values / blocks == pytest.approx(4 * 32 / 18)  # float32 values against Q4_0's 18 bytes a block of 32
+    read = roofline.engine_weight_bytes(plain.config, 4)
+    found = q1_delete.blocks_read_as_values(blocks, values, read)
+    assert found is not None and found.lever == "quantized" and "--dtype bfloat16" in found.fix
+    assert found.estimated_gain == pytest.approx(read / (read - values + blocks)) and found.estimated_gain > 2
+
+
+def test_an_unmeasured_bound_is_answered_as_one_not_as_noise() -> None:
+    """After a climb that adopted nothing, a question whose best finding is a bound (estimated, ceiling) is 'not
+    judged here' with the fix to try; one whose best was measured and did not clear the noise is 'nothing above
+    the noise'."""
+    from kerneltriage.triage.ladder import Ladder
+    from kerneltriage.triage.report import Report
+
+    bound = q1_delete.blocks_read_as_values(100, 500, 600)
+    measured = Finding("dispatch", "lever-one_sync", "one_sync: decode 1.01× (neutral)", {}, 1.01, 1.01, "measured",
+                       "--levers one_sync", "decode", "one_sync")
+    answers = Report({}, {}, {}, [bound, measured], ladder=Ladder(rungs=[])).answers()
+    assert answers["delete"].startswith("not judged here — decode reads") and "--dtype bfloat16" in answers["delete"]
+    assert answers["dispatch"].startswith("nothing above the noise — closest: one_sync")
+    assert answers["fast-path"].startswith("no — ")
+
+
 def test_the_sparsity_probe_runs_on_a_stock_copy_not_the_runners_own_steps() -> None:
     """Its host readbacks must not run inside the runner's captured prefill (prefill_graphs on the H200: 'operation
     not permitted when stream is capturing'): the runner's levers never see the probe."""

@@ -125,8 +125,10 @@ class Report:
             found = [f for f in self.by_question(q) if f.confidence != "low"]
             if q in best:
                 answers[q] = f"yes — {best[q].title} ({gain_text(best[q])})"
-            elif found:
+            elif found and found[0].confidence == "measured":
                 answers[q] = f"nothing above the noise — closest: {found[0].title} ({gain_text(found[0])})"
+            elif found:  # a bound, not a measurement: what it is and how to try it
+                answers[q] = f"not judged here — {found[0].title}; {found[0].fix} (up to {gain_text(found[0])})"
             else:
                 answers[q] = f"no — {NOTHING[q]}"
         return answers

@@ -16,6 +16,7 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from kerneltriage.core import roofline
 from kerneltriage.engine.backend import Backend, Runner
 from kerneltriage.engine.configuration import RunConfig
 from kerneltriage.engine.paths import shown
@@ -143,6 +144,12 @@ def stage_delete(state: _State) -> None:
     state.findings += q1_delete.analyze(b["prefill"].shares, b["decode"].shares, state.output_rows,
                                         state.calls["prefill"], prompt, pad_id, sparsity, None,
                                         runner.place.constrained)
+    if runner.backend == "torch" and runner.device_type == "cpu" and runner.dtype != "bfloat16" \
+            and not runner.run_config.has("quantized"):
+        blocks, values = q1_delete.stored_blocks(runner.checkpoint, runner.dtype_bytes)
+        read = roofline.engine_weight_bytes(runner.config, runner.dtype_bytes)
+        found = q1_delete.blocks_read_as_values(blocks, values, read)
+        state.findings += [] if found is None else [found]
 
 
 def stage_fastpath(state: _State) -> None:
