@@ -20,6 +20,7 @@ from kerneltriage.engine.sampling import SamplingParams
 
 pytest.importorskip("triton")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.gpu  # in the GPU suite too: on CUDA its kernels run compiled (here, in the interpreter)
 
 
 def _runner(levers_text: str = "", arch: str = "llama", **changes: object):  # noqa: ANN202

@@ -17,6 +17,7 @@ from kerneltriage.engine.sampling import SamplingParams
 from kerneltriage.triage import kernel_path
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.gpu  # in the GPU suite too: on CUDA its kernels run compiled (here, in the interpreter)
 CANDIDATES = {"split_kv_attention": "SPLIT_KV", "rmsnorm": "RMSNORM", "silu_gemv": "SILU_GEMV"}
 
 

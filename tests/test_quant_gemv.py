@@ -28,6 +28,7 @@ from gguf import GGMLQuantizationType  # noqa: E402 - after the skip
 from kerneltriage.kernels.quant_gemv import GEMV_ROWS, dequantized, quant_gemv, split_blocks  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.gpu  # in the GPU suite too: on CUDA its kernels run compiled (here, in the interpreter)
 QTYPES = ("Q4_0", "Q4_1", "Q8_0")
 
 

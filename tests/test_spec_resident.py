@@ -32,6 +32,7 @@ PROMPT = [210, 158, 247, 186, 114, 261] * 2
 NEW = 48
 WEIGHTS = dict(random_weights=True)  # the preset init falls into loops of several tokens: long copies to draft
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.gpu  # in the GPU suite too: on CUDA its kernels run compiled (here, in the interpreter)
 OPEN = 1 << 30  # a run's end no text here reaches
 
 

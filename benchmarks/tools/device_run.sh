@@ -11,8 +11,9 @@
 # Steps:
 #   smoke       tests/test_gpu_smoke.py: the CUDA-only code paths on tiny shapes (~1 min; run it first)
 #   gpu-tests   the whole GPU suite (`pytest -m gpu`: the smoke, the real model's levers, speculation and probes, the
-#               CUDA cheats) in one pytest run, each test's line stamped with the seconds since the start, so a run
-#               cut short by LIMIT_S still says where the time went  -> gpu-tests-$DEV.txt
+#               CUDA cheats, the Triton kernels' tests compiled) in one pytest run, each test's line stamped with the
+#               seconds since the start, so a run cut short by LIMIT_S still says where the time went
+#               -> gpu-tests-$DEV.txt
 #   ceilings    kerneltriage ceilings --refresh                 -> ceilings-$DEV.txt
 #   triage      kerneltriage triage on $MODEL                   -> triage-$NAME-$DEV.json, .html
 #   climb       triage on $MODEL, then ab of $HAND against its final set (triage_vs_hand.py)
