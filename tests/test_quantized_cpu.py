@@ -160,3 +160,17 @@ def test_the_fit_check_counts_what_stays_as_blocks(tmp_path, monkeypatch: pytest
     with pytest.raises(InputError, match="in bfloat16 needs about"):
         common.refuse_early(checkpoint, flags)
     common.refuse_early(checkpoint, flags, RunConfig.from_flags("quantized"))  # left to the backend's exact check
+
+
+def test_packing_in_row_chunks_is_packing_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packer's layout is per 64 rows: chunks of PACK_ROWS (a multiple of 64) give the same bytes, a ragged tail
+    (here 208 = 3 × 64 + 16 rows) included, with a fraction of the int32 values alive at once."""
+    from kerneltriage.backends.torch import int4_cpu
+
+    raw = _quantize(np.random.default_rng(3).standard_normal((208, 96)).astype(np.float32), "Q4_1")
+    whole = pack([raw])
+    monkeypatch.setattr(int4_cpu, "PACK_ROWS", 64)
+    chunked = pack([raw])
+    assert torch.equal(chunked.packed, whole.packed) and torch.equal(chunked.scale_zeros, whole.scale_zeros)
+    monkeypatch.setattr(int4_cpu, "PACK_ROWS", 48)  # not a multiple of 64: the layout breaks (why the constant is)
+    assert not torch.equal(pack([raw]).packed, whole.packed)

@@ -27,6 +27,8 @@ GROUP = 32  # values per GGUF block = per int4 group
 KINDS = ("Q4_0", "Q4_1", "Q8_0")
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 COMPUTE = torch.bfloat16  # the only activation dtype its kernel vectorizes
+PACK_ROWS = 8192  # rows packed at a time: the packer takes int32 values (4 bytes a 4-bit value: Gemma-3's 262k-row
+# head made 1.3 GB of them at once); its layout is per 64 rows, so chunks of a multiple of 64 pack exactly the same
 
 
 class Int4Weight(NamedTuple):
@@ -44,7 +46,8 @@ def pack(raws: Sequence[RawTensor]) -> Int4Weight:
                          f"one of {', '.join(KINDS)} and one width")
     parts = [_nibbles(raw) for raw in raws]
     values, scales, zeros = (torch.cat([part[i] for part in parts]) for i in range(3))  # stacked by rows
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(values.to(torch.int32), 1)
+    packed = torch.cat([torch.ops.aten._convert_weight_to_int4pack_for_cpu(values[i:i + PACK_ROWS].to(torch.int32), 1)
+                        for i in range(0, values.shape[0], PACK_ROWS)])
     # (N, groups) twice → (groups, N, 2)
     scale_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(COMPUTE)
     return Int4Weight(packed, scale_zeros, (values.shape[0], raws[0].shape[1]))
