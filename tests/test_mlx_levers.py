@@ -83,6 +83,23 @@ def test_quantized_keeps_the_blocks_and_reads_fewer_bytes() -> None:
     assert not isinstance(copy.model.lm_head, QuantizedLinear) and greedy(copy) == greedy(stock)
 
 
+def test_a_build_with_quantized_never_makes_the_dequantized_weights_it_replaces() -> None:
+    """MLX is lazy: the build applies `quantized` before it evaluates the stock weights, so the matrices the lever
+    keeps as blocks are never dequantized — the build's peak is below the stock model's own weights."""
+    import mlx.core as mx
+
+    checkpoint = quantized_checkpoint("llama", vocab_size=2048)  # the matrices are most of the bytes
+    mx.reset_peak_memory()
+    stock = mlx_runner(checkpoint)
+    stock_peak, stock_bytes = mx.get_peak_memory(), stock.held_bytes()
+    del stock
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    levered = mlx_runner(checkpoint, "quantized")
+    assert mx.get_peak_memory() < 0.6 * stock_bytes <= 0.6 * stock_peak, (mx.get_peak_memory(), stock_bytes)
+    assert greedy(levered) == greedy(mlx_runner(checkpoint, "quantized"))  # evaluated, and it runs
+
+
 def test_quantized_logits_are_the_dequantized_models_up_to_summation_order() -> None:
     checkpoint = quantized_checkpoint("llama", projections="Q4_0")
     stock, levered = mlx_runner(checkpoint), mlx_runner(checkpoint, "quantized")

@@ -51,7 +51,12 @@ class MlxBackend:
         return devices.resolve_dtype(name, device)
 
     def build(self, checkpoint: Checkpoint, config: RunConfig, device: str, dtype: str) -> Runner:
-        return apply_config(build_runner(checkpoint, device, dtype), config)
+        # with `quantized`, the weights it keeps as blocks are replaced before evaluation: never dequantized
+        lazy = config.has("quantized")
+        runner = apply_config(build_runner(checkpoint, device, dtype, evaluate=not lazy), config)
+        if lazy:
+            mx.eval(runner.model.parameters())
+        return runner
 
     def copy(self, runner: Runner, config: RunConfig) -> Runner:
         return apply_config(_restocked(runner, runner.dtype), config)

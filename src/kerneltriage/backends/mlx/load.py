@@ -23,17 +23,18 @@ from kerneltriage.engine.rope import rope_frequencies
 INIT_STD = 0.02
 
 
-def build_runner(checkpoint: Checkpoint, device: str, dtype: str) -> Runner:
+def build_runner(checkpoint: Checkpoint, device: str, dtype: str, evaluate: bool = True) -> Runner:
     """A stock runner: the checkpoint's weights, dequantized, on `device` in `dtype`, no levers. MLX runs on its
-    default device, so that is set here (one process runs one MLX device)."""
+    default device, so that is set here (one process runs one MLX device). `evaluate`: load_model."""
     mx.set_default_device(devices.mx_device(device))
-    model = load_model(checkpoint, getattr(mx, dtype))
+    model = load_model(checkpoint, getattr(mx, dtype), evaluate)
     return Runner(model, checkpoint, device, devices.device_type(device), dtype)
 
 
-def load_model(checkpoint: Checkpoint, dtype: mx.Dtype) -> Model:
-    """A ready, evaluated Model in `dtype` (norm weights too), weights tied where the config says so, RoPE
-    frequencies in float32."""
+def load_model(checkpoint: Checkpoint, dtype: mx.Dtype, evaluate: bool = True) -> Model:
+    """A ready Model in `dtype` (norm weights too), weights tied where the config says so, RoPE frequencies in
+    float32; evaluated, unless `evaluate` is off: then its weights are lazy graphs, and a lever that replaces
+    modules before anything evaluates them (`quantized`) keeps their dequantized values from ever being made."""
     config = checkpoint.config
     model = model_class(config.arch)(config)
     weights = _random(model, dtype) if config.random_weights else _from_checkpoint(model, checkpoint, dtype)
@@ -44,7 +45,8 @@ def load_model(checkpoint: Checkpoint, dtype: mx.Dtype) -> Model:
         weights[LOCAL_ROPE] = mx.array(rope_frequencies(config.replace(rope_theta=config.rope_local_theta,
                                                                        rope_scaling=None)))
     _fill(model, weights)
-    mx.eval(model.parameters())
+    if evaluate:
+        mx.eval(model.parameters())
     return model
 
 
