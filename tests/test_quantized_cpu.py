@@ -19,7 +19,7 @@ from kerneltriage.backends.torch.int4_cpu import int4_product, pack
 from kerneltriage.backends.torch import load
 from kerneltriage.backends.torch.levers import apply_config
 from kerneltriage.backends.torch.load import build_runner, stock_copy
-from kerneltriage.backends.torch.quantized import Int4Linear
+from kerneltriage.backends.torch.quantized import Int4Linear, kept_as_blocks
 from kerneltriage.bench import equivalence
 from kerneltriage.engine.checkpoint import Checkpoint, RawTensor
 from kerneltriage.engine.configuration import RunConfig
@@ -125,6 +125,10 @@ def test_a_build_with_the_lever_dequantizes_nothing_it_replaces(dtype: str, monk
     assert (head in {id(raw) for raw in filled}) == (dtype == "float32")  # the CPU keeps a bf16 head as blocks
     assert len(filled) > 1  # the embedding and the norms were
     prompt = list(range(5, 21))
+    kept = kept_as_blocks(checkpoint, torch.device("cpu"), getattr(torch, dtype))
+    bare = load.load_model(checkpoint, torch.device("cpu"), getattr(torch, dtype), kept)  # before the lever
+    assert kept and all(bare.get_parameter(name).numel() == 0 for name in kept)  # no memory, let alone values
+    assert bare.layers[0].input_layernorm.weight.numel() > 0
     for runner in (built, late):
         runner.reset_cache(32)
     assert torch.equal(built.prefill(prompt, 0), late.prefill(prompt, 0))  # what the lever replaced is not read

@@ -40,7 +40,7 @@ def load_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
     stored tensors given (quantized's `kept_as_blocks`), whose bytes the fit check counts instead."""
     config = checkpoint.config
     validate_before_allocating(checkpoint, device, dtype, unfilled)
-    model = _skeleton(config, device, dtype)
+    model = _skeleton(config, device, dtype, unfilled)
     if config.random_weights:
         _fill_random(model, device)
     else:
@@ -57,14 +57,12 @@ def load_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
 def validate_before_allocating(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
                                unfilled: Mapping[str, RawTensor] = MappingProxyType({})) -> None:
     """Nothing is built for sizes that disagree with the tensors present, or for a model that cannot fit on
-    the device (engine/validate.py, device.check_fits; on the CPU what stays as blocks counted as its blocks): both
-    fail in one line instead of an OOM or a hang."""
+    the device (engine/validate.py, device.check_fits; what stays as blocks counted as its blocks): both fail in one
+    line instead of an OOM or a hang."""
     if not checkpoint.config.random_weights:
         shapes = {name: raw.shape for name, raw in checkpoint.tensors.items()}
         check_tensors(checkpoint.source, checkpoint.config, shapes)
-    # on the CPU an unfilled parameter's pages are never touched; a GPU allocates it whole before the lever frees it
-    saved = sum(math.prod(raw.shape) * dtype.itemsize - np.asarray(raw.data).nbytes for raw in unfilled.values()) \
-        if device.type == "cpu" else 0
+    saved = sum(math.prod(raw.shape) * dtype.itemsize - np.asarray(raw.data).nbytes for raw in unfilled.values())
     check_fits(checkpoint.config, device, dtype, saved)
 
 
@@ -92,11 +90,16 @@ def _stored_weight(model: Model, name: str, dtype: torch.dtype) -> torch.Tensor:
     return model.get_submodule(name.removesuffix(".weight")).stock_weight(dtype)
 
 
-def _skeleton(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> Model:
+def _skeleton(config: ModelConfig, device: torch.device, dtype: torch.dtype,
+              unfilled: Mapping[str, RawTensor] = MappingProxyType({})) -> Model:
     """An unfilled Model on `device`: parameters allocated in `dtype` only (cast while still on meta, so no
     float32 copy ever exists on the device), tied where the config says so, RoPE frequencies kept in float32 (in
-    bf16 they are off by 0.4%: 8 rad of angle at position 2048)."""
+    bf16 they are off by 0.4%: 8 rad of angle at position 2048). The parameters named in `unfilled` get no memory
+    at all (empty placeholders, until the lever that keeps them as blocks replaces their modules)."""
     model = model_class(config.arch)(config, device="meta").to(dtype)
+    for name in unfilled:
+        module = model.get_submodule(name.removesuffix(".weight"))
+        module.weight = nn.Parameter(torch.empty(0, dtype=dtype, device="meta"), requires_grad=False)
     model.tie_weights()
     model = model.to_empty(device=device)
     model.tie_weights()
@@ -109,8 +112,8 @@ def _skeleton(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> 
 def _fill_from_checkpoint(model: Model, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
                           unfilled: Mapping[str, RawTensor]) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
-    expected = {name: tuple(param.shape) for name, param in params.items()
-                if name != "lm_head.weight" or not model.config.tie_embeddings}
+    expected = {name: tuple(unfilled[name].shape) if name in unfilled else tuple(param.shape)
+                for name, param in params.items() if name != "lm_head.weight" or not model.config.tie_embeddings}
     with torch.no_grad():
         for name, raw in checkpoint.by_parameter(expected).items():
             if name not in unfilled:

@@ -176,9 +176,9 @@ def quantized(runner: Runner, value: str | None = None) -> None:
 
 def kept_as_blocks(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> dict[str, RawTensor]:
     """The parameters the lever replaces with the file's blocks on `device`, each with its stored tensor: a build
-    with the lever on leaves them unfilled, so no dequantized copy is made only to be dropped (on the CPU their pages
-    are never touched: an 8B Q4_0 loads without a 16 GB bf16 copy), and counts their blocks, not their values,
-    when it checks that the model fits."""
+    with the lever on gives them no memory and no values, so no dequantized copy is made only to be dropped (an 8B
+    Q4_0 loads without a 16 GB bf16 copy), and counts their blocks, not their values, when it checks that the model
+    fits."""
     triton = _triton(device)
     kept = {f"layers.{index}.{'.'.join(PROJECTIONS[suffix])}.weight": checkpoint.tensors[f"layers.{index}.{suffix}"]
             for index, suffix in _kept(checkpoint, triton)}
