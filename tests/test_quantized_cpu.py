@@ -163,7 +163,7 @@ def test_the_fit_check_counts_what_stays_as_blocks(tmp_path, monkeypatch: pytest
     flags = argparse.Namespace(backend="auto", device="cpu", dtype="bf16")
     with pytest.raises(InputError, match="in bfloat16 needs about"):
         common.refuse_early(checkpoint, flags)
-    common.refuse_early(checkpoint, flags, RunConfig.from_flags("quantized"))  # left to the backend's exact check
+    common.refuse_early(checkpoint, flags, RunConfig.from_flags("quantized"))  # its blocks counted as blocks
 
 
 def test_packing_in_row_chunks_is_packing_at_once(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -118,16 +118,18 @@ def test_blocks_read_as_values_fires_on_a_quantized_file_read_in_float32() -> No
     from conftest import tiny_checkpoint
     from kerneltriage.core import roofline
     from kerneltriage.engine.checkpoint import Checkpoint, RawTensor
+    from kerneltriage.engine.memory import stored_blocks
+    from kerneltriage.engine.names import PROJECTIONS
 
     plain = tiny_checkpoint("llama", vocab_size=320)
-    assert q1_delete.stored_blocks(plain, 4) == (0, 0)
+    assert stored_blocks(plain, 4) == (0, 0)
     assert q1_delete.blocks_read_as_values(0, 0, 10**6) is None
     tensors = dict(plain.tensors)
     for name, raw in plain.tensors.items():
-        if name == "lm_head" or (name.startswith("layers.") and name.split(".")[-1] in q1_delete.PROJECTIONS):
+        if name == "lm_head" or (name.startswith("layers.") and name.split(".")[-1] in PROJECTIONS):
             values = np.asarray(raw.data, dtype=np.float32)
             tensors[name] = RawTensor("Q4_0", values.shape, quants.quantize(values, GGMLQuantizationType.Q4_0))
-    blocks, values = q1_delete.stored_blocks(Checkpoint(plain.config, tensors, plain.tokenizer, source="q4"), 4)
+    blocks, values = stored_blocks(Checkpoint(plain.config, tensors, plain.tokenizer, source="q4"), 4)
     assert values / blocks == pytest.approx(4 * 32 / 18)  # float32 values against Q4_0's 18 bytes a block of 32
     read = roofline.engine_weight_bytes(plain.config, 4)
     found = q1_delete.blocks_read_as_values(blocks, values, read)

@@ -123,7 +123,8 @@ def refuse_early(checkpoint: Any, args: argparse.Namespace, config: RunConfig | 
     `--device cuda` on a host with no NVIDIA device, or a model that cannot fit in the host's memory on the CPU,
     is refused at once. The backend checks again at load, exactly."""
     from kerneltriage.engine.backend import backend_name
-    from kerneltriage.engine.memory import DTYPE_BYTES, DTYPE_NAMES, host_available_bytes, require_fits
+    from kerneltriage.engine.memory import (DTYPE_BYTES, DTYPE_NAMES, host_available_bytes, require_fits,
+                                            stored_blocks)
 
     if backend_name(args.backend) != "torch":
         return
@@ -132,10 +133,13 @@ def refuse_early(checkpoint: Any, args: argparse.Namespace, config: RunConfig | 
         raise InputError(f"--device {args.device}: no CUDA device on this machine (no NVIDIA device in /dev)")
     on_cpu = args.device == "cpu" or (args.device == "auto" and gpu is False)
     dtype = "float32" if args.dtype == "auto" else DTYPE_NAMES.get(args.dtype)
-    # with `quantized` the weights it keeps as blocks are smaller than any dtype's: the backend's check at load
-    # counts them exactly
-    if on_cpu and dtype is not None and not (config is not None and config.has("quantized")):
-        require_fits(checkpoint.config, dtype, DTYPE_BYTES[dtype], "cpu", host_available_bytes())
+    if on_cpu and dtype is not None:
+        # with `quantized` the weights it keeps count as their blocks (the backend's check at load is exact)
+        saved = 0
+        if config is not None and config.has("quantized") and not checkpoint.config.random_weights:
+            blocks, values = stored_blocks(checkpoint, DTYPE_BYTES[dtype])
+            saved = values - blocks
+        require_fits(checkpoint.config, dtype, DTYPE_BYTES[dtype], "cpu", host_available_bytes(), saved)
 
 
 def build_runner(checkpoint: Any, args: argparse.Namespace, config: RunConfig) -> Any:

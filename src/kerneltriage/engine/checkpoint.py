@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from kerneltriage.engine.tokenizer import Tokenizer
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
+BLOCK_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # the block types the `quantized` lever keeps as they are, on every backend
 
 
 @dataclass(frozen=True)

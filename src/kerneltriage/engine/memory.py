@@ -12,10 +12,14 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from kerneltriage.core.errors import InputError
 from kerneltriage.core.roofline import DTYPE_BYTES  # noqa: F401 - re-exported: the --dtype check reads it here
 from kerneltriage.core.units import format_bytes
+from kerneltriage.engine.checkpoint import BLOCK_TYPES, Checkpoint
 from kerneltriage.engine.config import ModelConfig
+from kerneltriage.engine.names import PROJECTIONS
 from kerneltriage.engine.validate import expected_shapes
 
 # KV positions assumed when the run's own context is not known yet: the default pp512 + tg128 workloads
@@ -94,3 +98,14 @@ def host_available_bytes() -> int | None:
     except (OSError, ValueError):
         pass
     return available
+
+
+def stored_blocks(checkpoint: Checkpoint, dtype_bytes: int) -> tuple[int, int]:
+    """Bytes of the layers' projections and the output head (a tied one: the embedding) stored as BLOCK_TYPES
+    blocks, and of their values at `dtype_bytes` each: what the `quantized` lever keeps, and what it saves."""
+    tensors = checkpoint.tensors
+    head = "lm_head" if "lm_head" in tensors else "embed" if checkpoint.config.tie_embeddings else None
+    kept = [raw for name, raw in tensors.items() if raw.qtype in BLOCK_TYPES and len(raw.shape) == 2
+            and (name == head or (name.startswith("layers.") and name.rsplit(".", 1)[-1] in PROJECTIONS))]
+    return (sum(np.asarray(raw.data).nbytes for raw in kept),
+            sum(math.prod(raw.shape) for raw in kept) * dtype_bytes)

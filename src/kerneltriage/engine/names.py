@@ -17,6 +17,7 @@ import numpy as np
 from kerneltriage.engine.architectures import ARCHITECTURES
 
 # internal suffix → (GGUF name, HF name); `{i}` is the layer index.
+PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # a layer's projection matrices, by their internal names
 LAYER_NAMES: dict[str, tuple[str, str]] = {
     "attn_norm": ("blk.{i}.attn_norm.weight", "model.layers.{i}.input_layernorm.weight"),
     "q": ("blk.{i}.attn_q.weight", "model.layers.{i}.self_attn.q_proj.weight"),

@@ -5,22 +5,16 @@ attached where a lever exists and was A/B'd.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Mapping, Sequence
-
-import numpy as np
 
 from kerneltriage.triage.amdahl import speedup, speedup_if_free
 from kerneltriage.triage.finding import Finding
 from kerneltriage.triage.measure import LeverResult
 
 if TYPE_CHECKING:
-    from kerneltriage.engine.checkpoint import Checkpoint
     from kerneltriage.engine.probes import SdpaCall, Sparsity
 
 QUESTION = "delete"
-BLOCK_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # the stored types the `quantized` lever reads as blocks
-PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # a layer's projections, by their internal names
 OUTPUT_CLASS, ATTENTION_CLASS = "output projection", "attention"
 CAUSAL_SKIP_FACTOR = 2.0  # a causal kernel skips the tiles above the diagonal: about half the work
 OUTPUT_SHARE_MIN = 0.05  # the output projection's decode share worth a vocabulary-compaction note
@@ -101,17 +95,6 @@ def output_projection_decode(output_share: float, constrained: bool = False) -> 
         f"the output projection is {output_share:.0%} of each decode step",
         {"output_share": output_share, "constrained": constrained},
         speedup_if_free(output_share), None, "ceiling", fix, "decode", "vocab_compact" if constrained else None)
-
-
-def stored_blocks(checkpoint: Checkpoint, dtype_bytes: int) -> tuple[int, int]:
-    """Bytes of the layers' projections and the output head (a tied one: the embedding) stored as BLOCK_TYPES
-    blocks, and of their values at `dtype_bytes` each: what `quantized` can read instead."""
-    tensors = checkpoint.tensors
-    head = "lm_head" if "lm_head" in tensors else "embed" if checkpoint.config.tie_embeddings else None
-    kept = [raw for name, raw in tensors.items() if raw.qtype in BLOCK_TYPES and len(raw.shape) == 2
-            and (name == head or (name.startswith("layers.") and name.rsplit(".", 1)[-1] in PROJECTIONS))]
-    return (sum(np.asarray(raw.data).nbytes for raw in kept),
-            sum(math.prod(raw.shape) for raw in kept) * dtype_bytes)
 
 
 def blocks_read_as_values(block_bytes: int, value_bytes: int, read_bytes: int) -> Finding | None:

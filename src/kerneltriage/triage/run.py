@@ -19,6 +19,7 @@ from typing import Any, Callable
 from kerneltriage.core import roofline
 from kerneltriage.engine.backend import Backend, Runner
 from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.engine.memory import stored_blocks
 from kerneltriage.engine.paths import shown
 from kerneltriage.engine.probes import at_keys, distinct_calls
 from kerneltriage.engine.speculative.config import Speculation
@@ -146,7 +147,7 @@ def stage_delete(state: _State) -> None:
                                         runner.place.constrained)
     if runner.backend == "torch" and runner.device_type == "cpu" and runner.dtype != "bfloat16" \
             and not runner.run_config.has("quantized"):
-        blocks, values = q1_delete.stored_blocks(runner.checkpoint, runner.dtype_bytes)
+        blocks, values = stored_blocks(runner.checkpoint, runner.dtype_bytes)
         read = roofline.engine_weight_bytes(runner.config, runner.dtype_bytes)
         found = q1_delete.blocks_read_as_values(blocks, values, read)
         state.findings += [] if found is None else [found]

@@ -51,11 +51,10 @@ class MlxBackend:
         return devices.resolve_dtype(name, device)
 
     def build(self, checkpoint: Checkpoint, config: RunConfig, device: str, dtype: str) -> Runner:
-        # with `quantized`, the weights it keeps as blocks are replaced before evaluation: never dequantized
-        lazy = config.has("quantized")
-        runner = apply_config(build_runner(checkpoint, device, dtype, evaluate=not lazy), config)
-        if lazy:
-            mx.eval(runner.model.parameters())
+        # the levers apply before the weights are evaluated: what one replaces (the matrices `quantized` keeps as
+        # blocks) is never made
+        runner = apply_config(build_runner(checkpoint, device, dtype, evaluate=False), config)
+        mx.eval(runner.model.parameters())
         return runner
 
     def copy(self, runner: Runner, config: RunConfig) -> Runner:

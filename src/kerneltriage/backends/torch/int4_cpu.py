@@ -21,10 +21,10 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from kerneltriage.engine.checkpoint import RawTensor
+from kerneltriage.engine.checkpoint import BLOCK_TYPES, RawTensor
 
 GROUP = 32  # values per GGUF block = per int4 group
-KINDS = ("Q4_0", "Q4_1", "Q8_0")
+KINDS = BLOCK_TYPES
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 COMPUTE = torch.bfloat16  # the only activation dtype its kernel vectorizes
 PACK_ROWS = 8192  # rows packed at a time: the packer takes int32 values (4 bytes a 4-bit value: Gemma-3's 262k-row

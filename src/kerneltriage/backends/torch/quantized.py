@@ -27,13 +27,13 @@ from kerneltriage.backends.torch.dequant import dequantize
 from kerneltriage.backends.torch.int4_cpu import COMPUTE, Int4Weight, int4_product, pack
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
-from kerneltriage.engine.checkpoint import Checkpoint, RawTensor
+from kerneltriage.engine.checkpoint import BLOCK_TYPES, Checkpoint, RawTensor
 
 if TYPE_CHECKING:
     from kerneltriage.kernels.quant_gemv import QuantWeight
 
 LEVER = "quantized"
-KINDS = ("Q4_0", "Q4_1", "Q8_0")
+KINDS = BLOCK_TYPES
 INT4_ROWS = 128  # CPU: rows through the int4 kernel; above, dequantizing + a bf16 GEMM is faster (EPYC, 1 core: even
 # at 256 rows, 2× at 512); at 1 row it is 4× faster than a bf16 F.linear of the dequantized weight
 ROW_MULTIPLE = 16  # the int4 packer takes output sizes that are multiples of 16
