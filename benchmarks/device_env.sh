@@ -3,7 +3,8 @@
 # says how to prepare them on a machine with network (benchmarks/tools/device_prep.sh does it); all git-excluded:
 #   .whl/      the gguf wheel the device lacks (pip download --no-deps --only-binary=:all: --python-version 3.12
 #              --implementation cp --platform manylinux_2_28_x86_64 -d .whl gguf==0.19.0), and llguidance's for
-#              constrained decoding (the same with --platform manylinux_2_31_x86_64 llguidance==1.9.1)
+#              constrained decoding (the same with --platform manylinux_2_31_x86_64 llguidance==1.9.1), and
+#              pytest-xdist 3.8.0 with execnet 2.1.2 for device_run.sh gpu-tests' workers
 #   .mlxwhl/   mlx 0.32.4 (cp312) and mlx-lm 0.32.2 (pip download --no-deps), for MLX only
 #   .devblob/N/blobpart.(N-1)  the cached default model followed by mlx-cuda-13's wheel contents as an xz tar, split
 #              in 50 MB parts (four):

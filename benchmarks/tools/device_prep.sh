@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Prepares, on a machine with network, what a GPU machine without network needs beside the tree (docs/remote-gpu.md):
-# .whl/ (gguf, llguidance), .mlxwhl/ (mlx, mlx-lm), .devblob/1..4 (the default model, then MLX's CUDA build as xz, in
-# 50 MB parts) and .llamasrc/llama.cpp.tar.xz (llama.cpp's source). All git-ignored; each is skipped when present.
-# Run from the repository root with the venv installed (make install); ~3 min, most of it xz.
+# .whl/ (gguf, llguidance, pytest-xdist for gpu-tests' workers), .mlxwhl/ (mlx, mlx-lm), .devblob/1..4 (the default
+# model, then MLX's CUDA build as xz, 50 MB parts), .llamasrc/llama.cpp.tar.xz (llama.cpp's source). All git-ignored;
+# each is skipped when present. Run from the repository root with the venv installed (make install); ~3 min, most xz.
 #   bash benchmarks/tools/device_prep.sh          all of it
 #   bash benchmarks/tools/device_prep.sh whl      only the wheels (enough for presets)
 set -euo pipefail
@@ -14,9 +14,10 @@ TARGET=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-if ! ls .whl/gguf-0.19.0-*.whl .whl/llguidance-1.9.1-*.whl >/dev/null 2>&1; then
+if ! ls .whl/gguf-0.19.0-*.whl .whl/llguidance-1.9.1-*.whl .whl/pytest_xdist-3.8.0-*.whl >/dev/null 2>&1; then
   "$PY" -m pip download -q "${TARGET[@]}" --platform manylinux_2_28_x86_64 -d .whl gguf==0.19.0
   "$PY" -m pip download -q "${TARGET[@]}" --platform manylinux_2_31_x86_64 -d .whl llguidance==1.9.1
+  "$PY" -m pip download -q "${TARGET[@]}" --platform manylinux_2_28_x86_64 -d .whl pytest-xdist==3.8.0 execnet==2.1.2
 fi
 echo ".whl: $(ls .whl | tr '\n' ' ')"
 [ "${1:-}" = "whl" ] && exit 0

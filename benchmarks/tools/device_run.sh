@@ -11,8 +11,10 @@
 # Steps:
 #   smoke       tests/test_gpu_smoke.py: the CUDA-only code paths on tiny shapes (~1 min; run it first)
 #   gpu-tests   the whole GPU suite (`pytest -m gpu`: the smoke, the real model's levers, speculation and probes, the
-#               CUDA cheats, the Triton kernels' tests compiled) in one pytest run, each test's line stamped with the
-#               seconds since the start, so a run cut short by LIMIT_S still says where the time went
+#               CUDA cheats, the Triton kernels' tests compiled), split in two: the untimed tests over $WORKERS pytest
+#               processes sharing the GPU (pytest-xdist, one test at a time each), then the tests that time something
+#               (the probes and the CUDA cheats) in one process with the GPU to themselves; each line stamped with
+#               the seconds since the start, so a run cut short by LIMIT_S still says where the time went
 #               -> gpu-tests-$DEV.txt
 #   ceilings    kerneltriage ceilings --refresh                 -> ceilings-$DEV.txt
 #   triage      kerneltriage triage on $MODEL                   -> triage-$NAME-$DEV.json, .html
@@ -39,7 +41,8 @@
 #   OUT [benchmarks/results]  MODEL [default]  NAME [$MODEL]  DEV [the GPU's short name, e.g. h200; else cpu]
 #   LEVERS [the fastest CUDA set below]  PEERS [llama.cpp when $LLAMA_BENCH exists, else none]  SPEC [suffix]
 #   SETS [repetitive copy_heavy copy_heavy_holdout summarize open_ended]  PAIRS [5]  TAG [""; e.g. -float32]
-#   A, B [levers= / levers=$LEVERS]  KERNELS [kerneltriage.kernels.rmsnorm:RMSNORM]  LIMIT_S [560 per sub-step]
+#   WORKERS [6: gpu-tests' processes]  A, B [levers= / levers=$LEVERS]  KERNELS [kerneltriage.kernels.rmsnorm:RMSNORM]
+#   LIMIT_S [560 per sub-step]
 #   EXTRA [more flags for every kerneltriage call, e.g. "--dtype float32"]  LLAMA_SRC [llama.cpp's source folder]
 #   PRESET, QTYPE [llama3-8b, Q4_0: the gguf step]  LEDGER [$OUT/ledger-$DEV.db]  DEPTHS [512 4096 7936]
 #   HAND [$LEVERS: the best set found by hand, for climb]
@@ -58,6 +61,7 @@ LEVERS=${LEVERS:-packed_qkv,packed_gate_up,last_logits,fused_norm,fused_layer,pd
 SPEC=${SPEC:-suffix}
 SETS=${SETS:-repetitive copy_heavy copy_heavy_holdout summarize open_ended}
 PAIRS=${PAIRS:-5}
+WORKERS=${WORKERS:-6}
 TAG=${TAG:-}
 LIMIT_S=${LIMIT_S:-560}
 LLAMA_SRC=${LLAMA_SRC:-/tmp/llama.cpp}
@@ -73,9 +77,13 @@ peers() { [ -n "${PEERS:-}" ] && echo "$PEERS" || { [ -x "$LLAMA_BENCH" ] && ech
 run_step() {
   case "$1" in
     smoke) step python3 -m pytest -q -x tests/test_gpu_smoke.py ;;
-    gpu-tests) step bash -c 'set -o pipefail; s=$SECONDS; python3 -m pytest -v -m gpu -p no:cacheprovider --durations=25 tests 2>&1 \
-                 | while IFS= read -r line; do printf "%4d s  %s\n" $((SECONDS - s)) "$line"; done' \
-                 > "$OUT/gpu-tests-$DEV.txt" ;;
+    gpu-tests) local timed=(tests/test_gpu_probes.py tests/cheats/test_cheats_gpu.py) t0=$SECONDS
+      { step python3 -m pytest -v -m gpu -p no:cacheprovider --durations=25 -n "$WORKERS" --dist load \
+          "${timed[@]/#/--ignore=}" tests
+        step python3 -m pytest -v -m gpu -p no:cacheprovider --durations=10 "${timed[@]}"
+        echo "gpu-tests: both parts in $((SECONDS - t0)) s"; } 2>&1 \
+        | while IFS= read -r line; do printf "%4d s  %s\n" $((SECONDS - t0)) "$line"; done > "$OUT/gpu-tests-$DEV.txt"
+      tail -2 "$OUT/gpu-tests-$DEV.txt" >&2 ;;
     ceilings) step "${kt[@]}" ceilings --refresh "${extra[@]}" > "$OUT/ceilings-$DEV.txt" ;;
     triage) step "${kt[@]}" triage --model "$MODEL" "${extra[@]}" --output json --html "$OUT/triage-$NAME-$DEV.html" \
               --ledger "$LEDGER" > "$OUT/triage-$NAME-$DEV.json" ;;
