@@ -34,7 +34,8 @@
 #   gemv        each projection shape's GEMV at M = 1 under $LEVERS, GB/s against the copy ceiling (gemv_sweep.py)
 #               -> gemv-$NAME-$DEV$TAG.json
 #   kernels     kerneltriage kernel run for each of $KERNELS   -> kernel-NAME-$DEV.txt
-#   llama-build build llama.cpp's llama-bench from $LLAMA_SRC (CUDA; ~5 min) for PEERS=llama.cpp
+#   llama-build build llama.cpp's llama-bench from $LLAMA_SRC (CUDA, for $LLAMA_ARCH only; ~5 min for all) for
+#               PEERS=llama.cpp
 #   index       benchmarks/tools/results_index.py over $OUT    -> $OUT/INDEX.md
 #
 # Settings (environment; defaults in brackets):
@@ -45,7 +46,7 @@
 #   LIMIT_S [560 per sub-step]
 #   EXTRA [more flags for every kerneltriage call, e.g. "--dtype float32"]  LLAMA_SRC [llama.cpp's source folder]
 #   PRESET, QTYPE [llama3-8b, Q4_0: the gguf step]  LEDGER [$OUT/ledger-$DEV.db]  DEPTHS [512 4096 7936]
-#   HAND [$LEVERS: the best set found by hand, for climb]
+#   HAND [$LEVERS: the best set found by hand, for climb]  LLAMA_ARCH [native: the GPU's own; llama-build]
 #   UNGRAPHED, GRAPHED [delete's sets: the best set without graphs, fused_layer and pdl; and with graphs]
 set -uo pipefail
 if [ $# -eq 0 ] || [ "$1" = --help ] || [ "$1" = -h ]; then
@@ -130,7 +131,8 @@ run_step() {
           > "$OUT/kernel-$short-$DEV.txt" 2>&1
       done ;;
     llama-build) [ -x "$LLAMA_BENCH" ] || step bash -c "cmake -S '$LLAMA_SRC' -B '$LLAMA_SRC/build' -DGGML_CUDA=ON \
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release > /dev/null \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_CUDA_ARCHITECTURES=${LLAMA_ARCH:-native} > /dev/null \
         && cmake --build '$LLAMA_SRC/build' --target llama-bench -j $(nproc) > /dev/null" ;;
     index) step python3 benchmarks/tools/results_index.py --dir "$OUT" --write ;;
     *) echo "device_run.sh: unknown step '$1' (bash benchmarks/tools/device_run.sh --help lists them)" >&2; exit 2 ;;
