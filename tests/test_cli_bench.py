@@ -46,11 +46,16 @@ def tiny_model(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def test_json_output_and_one_ledger_experiment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_output_and_one_ledger_experiment(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     ledger = tmp_path / "ledger.db"
     assert main(["bench", "--model", "tiny", *SMALL, "--output", "json", "--ledger", str(ledger)]) == 0
-    report = json.loads(capsys.readouterr().out)
+    captured = capfd.readouterr()  # the file descriptors: the progress lines bypass the chatter collected from fd 2
+    report = json.loads(captured.out)
     assert [r["test"] for r in report["rows"]] == ["pp8", "tg4", "pp8 @ d8", "tg4 @ d8"]
+    # stderr is no terminal here: one progress line per step done, not a bar that prints nothing into a log
+    progress = [line for line in captured.err.splitlines() if line.startswith("bench: ")]
+    assert progress[0].startswith("bench: kerneltriage pp8 warm-up 1/1 done (1/12 steps")
+    assert progress[-1].startswith("bench: kerneltriage tg4 @ d8 sample 2/2 done (12/12 steps")
     for row in report["rows"]:
         assert row["engine"] == "kerneltriage" and row["status"] == "ok" and row["ratio"] == 1.0
         assert row["rate"] > 0 and 0 < row["roofline_pct"] <= 100 and row["first_token_s"] > 0

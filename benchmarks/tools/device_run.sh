@@ -43,7 +43,7 @@
 #   LEVERS [the fastest CUDA set below]  PEERS [llama.cpp when $LLAMA_BENCH exists, else none]  SPEC [suffix]
 #   SETS [repetitive copy_heavy copy_heavy_holdout summarize open_ended]  PAIRS [5]  TAG [""; e.g. -float32]
 #   WORKERS [6: gpu-tests' processes]  A, B [levers= / levers=$LEVERS]  KERNELS [kerneltriage.kernels.rmsnorm:RMSNORM]
-#   LIMIT_S [560 per sub-step]
+#   LIMIT_S [560 per sub-step; past it, SIGABRT: Python prints where each thread was]
 #   EXTRA [more flags for every kerneltriage call, e.g. "--dtype float32"]  LLAMA_SRC [llama.cpp's source folder]
 #   PRESET, QTYPE [llama3-8b, Q4_0: the gguf step]  LEDGER [$OUT/ledger-$DEV.db]  DEPTHS [512 4096 7936]
 #   HAND [$LEVERS: the best set found by hand, for climb]  LLAMA_ARCH [native: the GPU's own; llama-build]
@@ -72,7 +72,9 @@ read -r -a extra <<< "${EXTRA:-}"
 mkdir -p "$OUT"
 
 kt=(python3 -m kerneltriage)
-step() { local s=$SECONDS; timeout "$LIMIT_S" "$@"; echo "[$? in $((SECONDS - s)) s] $*" | cut -c1-160 >&2; }
+# a step past LIMIT_S gets SIGABRT, on which Python's faulthandler prints every thread's stack: a hang says where
+export PYTHONFAULTHANDLER=1
+step() { local s=$SECONDS; timeout -s ABRT -k 15 "$LIMIT_S" "$@"; echo "[$? in $((SECONDS - s)) s] $*" | cut -c1-160 >&2; }
 peers() { [ -n "${PEERS:-}" ] && echo "$PEERS" || { [ -x "$LLAMA_BENCH" ] && echo llama.cpp; }; }
 
 run_step() {

@@ -261,11 +261,29 @@ def render(report: dict, output: str) -> str:
 @contextmanager
 def _progress_bar(total: int) -> Iterator[Any]:
     """A rich progress bar on stderr; yields `tell(steps, what)`, which advances it and says what runs.
-    (A peer that is not installed, or skips a test, leaves the bar short of its end: it vanishes anyway.)"""
+    (A peer that is not installed, or skips a test, leaves the bar short of its end: it vanishes anyway.) Where
+    stderr is no terminal (a log, CI, a remote machine) the bar would print nothing: one line per change of what runs
+    instead, naming the step just done, with the count and the seconds since the start, so a log cut short still
+    says where it stopped."""
+    import sys
+    import time
+
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        start, done, last = time.monotonic(), [0], [""]
+
+        def tell(steps: int, what: str) -> None:
+            done[0] += steps
+            if what != last[0]:
+                last[0] = what
+                print(f"bench: {what} done ({done[0]}/{total} steps, {time.monotonic() - start:.0f} s)",
+                      file=sys.stderr, flush=True)
+        yield tell
+        return
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("bench", total=total)
         yield lambda steps, what: bar.update(task, advance=steps, description=what)
