@@ -32,6 +32,7 @@
 #   gguf        write a GGUF of preset $PRESET's shapes with random $QTYPE blocks at /tmp/$PRESET-$QTYPE.gguf (for
 #               MODEL=/tmp/...: the same quantized file for kerneltriage and llama.cpp; ~10 s for an 8B)
 #   gemv        each projection shape's GEMV at M = 1 under $LEVERS, GB/s against the copy ceiling (gemv_sweep.py)
+#               (and with each of $GEMV_TILES: the quantized GEMV's tiles, BN:VALUES:WARPS:STAGES)
 #               -> gemv-$NAME-$DEV$TAG.json
 #   kernels     kerneltriage kernel run for each of $KERNELS   -> kernel-NAME-$DEV.txt
 #   llama-build build llama.cpp's llama-bench from $LLAMA_SRC (CUDA, for $LLAMA_ARCH only; ~5 min for all) for
@@ -74,7 +75,9 @@ mkdir -p "$OUT"
 kt=(python3 -m kerneltriage)
 # a step past LIMIT_S gets SIGABRT, on which Python's faulthandler prints every thread's stack: a hang says where
 export PYTHONFAULTHANDLER=1
-step() { local s=$SECONDS; timeout -s ABRT -k 15 "$LIMIT_S" "$@"; echo "[$? in $((SECONDS - s)) s] $*" | cut -c1-160 >&2; }
+step() {
+  local s=$SECONDS; timeout -s ABRT -k 15 "$LIMIT_S" "$@"; echo "[$? in $((SECONDS - s)) s] $*" | cut -c1-160 >&2
+}
 peers() { [ -n "${PEERS:-}" ] && echo "$PEERS" || { [ -x "$LLAMA_BENCH" ] && echo llama.cpp; }; }
 
 run_step() {
@@ -115,8 +118,9 @@ run_step() {
       local nographs=${UNGRAPHED:-packed_qkv,packed_gate_up,last_logits,fused_norm,prefill_graphs,one_sync}
       local graphed=${GRAPHED:-packed_qkv,packed_gate_up,last_logits,fused_norm,graphs,prefill_graphs,one_sync}
       for d in ${DEPTHS:-512 4096 7936}; do
+        # eager steps that sync the host each layer: 32 tokens a sample (128 ran past 140 s on the H200)
         step "${kt[@]}" ab --model "$MODEL" --a "levers=$nographs" --b "levers=$nographs,sparse_v" "${extra[@]}" \
-          -d "$d" -p 64 -n 128 -r 5 --output json --ledger "$LEDGER" > "$dir/ab-sparse-v-split-d$d.json"
+          -d "$d" -p 64 -n 32 -r 5 --output json --ledger "$LEDGER" > "$dir/ab-sparse-v-split-d$d.json"
         step "${kt[@]}" ab --model "$MODEL" --a "levers=$graphed,kernel=$split" --b "levers=$graphed,kernel=$sparse" \
           "${extra[@]}" -d "$d" -p 64 -n 128 -r 5 --output json --ledger "$LEDGER" > "$dir/ab-sparse-v-fused-d$d.json"
         step "${kt[@]}" ab --model "$MODEL" --json-schema benchmarks/schemas/records.json --a "levers=$LEVERS" \
@@ -125,7 +129,8 @@ run_step() {
       done ;;
     gguf) [ -f "/tmp/${PRESET:-llama3-8b}-${QTYPE:-Q4_0}.gguf" ] || step "${kt[@]}" gguf write \
         --preset "${PRESET:-llama3-8b}" --type "${QTYPE:-Q4_0}" "/tmp/${PRESET:-llama3-8b}-${QTYPE:-Q4_0}.gguf" ;;
-    gemv) step python3 benchmarks/tools/gemv_sweep.py --model "$MODEL" --levers "$LEVERS" "${extra[@]}" \
+    gemv) local t tiles=(); for t in ${GEMV_TILES:-}; do tiles+=(--tiles "$t"); done
+      step python3 benchmarks/tools/gemv_sweep.py --model "$MODEL" --levers "$LEVERS" "${tiles[@]}" "${extra[@]}" \
         --out "$OUT/gemv-$NAME-$DEV$TAG.json" ;;
     kernels) for k in ${KERNELS:-kerneltriage.kernels.rmsnorm:RMSNORM}; do
         local short=${k%%:*}; short=${short##*.}

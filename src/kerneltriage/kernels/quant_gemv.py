@@ -22,8 +22,14 @@ from kerneltriage.engine.checkpoint import RawTensor
 BLOCK = 32  # values per block
 GEMV_ROWS = 16  # decode and verify rows (a padded auto-depth verify: 16 from a lookup, 9 from a model); prompts
 # dequantize and take cuBLAS
-BN = 8  # output rows per program
-TILE = 1024  # rows × values multiplied per output row and loop step: blocks per step = TILE / 32 / padded rows
+# Tiles (judged on the H200 by benchmarks/tools/gemv_sweep.py --tiles; the first shape of the kernel, with its
+# sums reduced across threads every step and a loop Triton could not pipeline, read an 8B's Q4_0 projections at
+# 12.5% of the copy bandwidth: benchmarks/results/gemv-llama3-8b-q4_0-h200.json)
+BN = 8  # output rows per program (fewer where the rows would give fewer programs than PROGRAMS)
+PROGRAMS = 264  # two programs per SM of an H100/H200 at least: a smaller weight takes fewer rows a program
+VALUES = 8192  # weights × rows multiplied per program and loop step: blocks per step = VALUES / 32 / BN / rows
+WARPS = 4
+STAGES = 3  # loads in flight per program: the next steps' tiles load while this one's are summed
 KINDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
 _BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 
@@ -64,47 +70,77 @@ def dequantized(w: QuantWeight, dtype: torch.dtype) -> torch.Tensor:
     return values.reshape(n, k).to(dtype)
 
 
+class Tiles(NamedTuple):
+    bn: int = BN
+    values: int = VALUES
+    warps: int = WARPS
+    stages: int = STAGES
+
+
+TILES = Tiles()  # what quant_gemv launches with (gemv_sweep.py --tiles sets others to time them)
+
+
 @triton.jit
-def _quant_gemv(x_ptr, scale_ptr, min_ptr, q_ptr, out_ptr, rows, n, nblocks, sx, so,
-                KIND: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr):
+def _quant_gemv(x_ptr, scale_ptr, min_ptr, q_ptr, out_ptr, rows, n, sx, so, NBLOCKS: tl.constexpr,
+                KIND: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, STAGES: tl.constexpr):
     """BN output rows a program; each step reads BB blocks of each as their bytes, once (a Q4 byte holds a block's
-    values j and j + 16, so the low and high nibbles meet their two halves of x), sums each block and scales the
-    sum once (Q4_1: d·q + m per value, whose sum would cancel if taken apart)."""
+    values j and j + 16, so the low and high nibbles meet their two halves of x). Each block's scaled sum accumulates
+    in place and the sums across blocks are taken once, after the loop. One row of x (decode) is multiplied as a
+    (BN, BB, WIDTH) tile, the layout its loads have, so a block's sum stays in its thread; more rows broadcast over a
+    fourth dimension. K (NBLOCKS) is a constant: one build per projection width, and a loop Triton pipelines over
+    STAGES tiles in flight."""
     cols = tl.program_id(0) * BN + tl.arange(0, BN)  # output rows of W
     n_ok = cols < n
     r = tl.arange(0, ROWS)
     r_ok = r < rows
     WIDTH: tl.constexpr = 32 if KIND == 2 else 16  # bytes of one block's quants
     j = tl.arange(0, WIDTH)
-    acc = tl.zeros((ROWS, BN), tl.float32)
-    b0 = 0
-    while b0 < nblocks:  # (a while: Triton's interpreter takes no range over a runtime bound)
+    if ROWS == 1:
+        acc = tl.zeros((BN, BB), tl.float32)
+    else:
+        acc = tl.zeros((ROWS, BN, BB), tl.float32)
+    for b0 in tl.range(0, NBLOCKS, BB, num_stages=STAGES):
         blocks = b0 + tl.arange(0, BB)
-        b_ok = blocks < nblocks
+        b_ok = blocks < NBLOCKS
         ok = n_ok[:, None] & b_ok[None, :]  # (BN, BB)
-        d = tl.load(scale_ptr + cols[:, None] * nblocks + blocks[None, :], mask=ok, other=0.0).to(tl.float32)
-        q = tl.load(q_ptr + cols[:, None, None] * (nblocks * WIDTH) + (blocks[:, None] * WIDTH + j[None, :])[None],
+        d = tl.load(scale_ptr + cols[:, None] * NBLOCKS + blocks[None, :], mask=ok, other=0.0).to(tl.float32)
+        q = tl.load(q_ptr + cols[:, None, None] * (NBLOCKS * WIDTH) + (blocks[:, None] * WIDTH + j[None, :])[None],
                     mask=ok[:, :, None], other=0)  # (BN, BB, WIDTH)
-        at = r[:, None, None] * sx + (blocks[:, None] * 32 + j[None, :])[None]  # (ROWS, BB, WIDTH): x's values
-        x_ok = r_ok[:, None, None] & b_ok[None, :, None]
+        if ROWS == 1:  # x's values (BB, WIDTH), broadcast over the BN rows
+            at = blocks[:, None] * 32 + j[None, :]
+            x_ok = b_ok[:, None]
+        else:  # (ROWS, 1, BB, WIDTH)
+            at = (r[:, None, None] * sx + (blocks[:, None] * 32 + j[None, :])[None])[:, None]
+            x_ok = (r_ok[:, None, None] & b_ok[None, :, None])[:, None]
         x = tl.load(x_ptr + at, mask=x_ok, other=0.0).to(tl.float32)
         if KIND == 2:
-            summed = tl.sum(x[:, None] * q.to(tl.float32)[None], axis=3)  # (ROWS, BN, BB)
-            acc += tl.sum(summed * d[None], axis=2)
+            acc += tl.sum(x * q.to(tl.float32), axis=-1) * d
         else:
             x_high = tl.load(x_ptr + at + 16, mask=x_ok, other=0.0).to(tl.float32)  # values 16..31 of each block
             low, high = (q & 0x0F).to(tl.float32), (q >> 4).to(tl.float32)
-            if KIND == 1:
-                m = tl.load(min_ptr + cols[:, None] * nblocks + blocks[None, :], mask=ok, other=0.0).to(tl.float32)
+            if KIND == 1:  # d·q + m per value, as the reference dequantizes
+                m = tl.load(min_ptr + cols[:, None] * NBLOCKS + blocks[None, :], mask=ok, other=0.0).to(tl.float32)
                 w_low = d[:, :, None] * low + m[:, :, None]
                 w_high = d[:, :, None] * high + m[:, :, None]
-                acc += tl.sum(tl.sum(x[:, None] * w_low[None] + x_high[:, None] * w_high[None], axis=3), axis=2)
+                acc += tl.sum(x * w_low + x_high * w_high, axis=-1)
             else:
-                summed = tl.sum(x[:, None] * (low - 8.0)[None] + x_high[:, None] * (high - 8.0)[None], axis=3)
-                acc += tl.sum(summed * d[None], axis=2)
-        b0 += BB
-    tl.store(out_ptr + r[:, None] * so + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+                acc += tl.sum(x * (low - 8.0) + x_high * (high - 8.0), axis=-1) * d
+    if ROWS == 1:
+        out = tl.sum(acc, axis=1)[None, :]
+    else:
+        out = tl.sum(acc, axis=2)
+    tl.store(out_ptr + r[:, None] * so + cols[None, :], out.to(out_ptr.dtype.element_ty),
              mask=r_ok[:, None] & n_ok[None, :])
+
+
+def launch(n: int, padded: int, tiles: Tiles) -> tuple[int, int]:
+    """(BN, BB) for a weight of n rows and `padded` rows of x: BN halved (to 1) while the programs would number
+    fewer than PROGRAMS, BB from the values a step multiplies (a power of two, at least 4: at 16 rows and 2 blocks a
+    step a thread's share of the blocks was 2 bytes, loaded as such; at 4, 16-byte transfers)."""
+    bn = tiles.bn
+    while bn > 1 and triton.cdiv(n, bn) < PROGRAMS:
+        bn //= 2
+    return bn, max(4, tiles.values // BLOCK // bn // padded)
 
 
 def quant_gemv(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
@@ -113,7 +149,8 @@ def quant_gemv(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     padded = triton.next_power_of_2(rows)  # one compilation per 1, 2, 4, 8, 16 rows
     out = torch.empty(rows, n, device=x.device, dtype=x.dtype)
     mins = w.mins if w.mins is not None else w.scales  # an unread placeholder for Q4_0 / Q8_0
-    _quant_gemv[(triton.cdiv(n, BN),)](x, w.scales, mins, w.quants, out, rows, n, w.shape[1] // BLOCK, x.stride(0),
-                                       out.stride(0), KIND=KINDS[w.qtype], ROWS=padded, BN=BN,
-                                       BB=TILE // BLOCK // padded)
+    bn, bb = launch(n, padded, TILES)
+    _quant_gemv[(triton.cdiv(n, bn),)](x, w.scales, mins, w.quants, out, rows, n, x.stride(0), out.stride(0),
+                                       NBLOCKS=w.shape[1] // BLOCK, KIND=KINDS[w.qtype], ROWS=padded, BN=bn, BB=bb,
+                                       STAGES=TILES.stages, num_warps=TILES.warps)
     return out
