@@ -1,6 +1,7 @@
 """`kerneltriage gguf write` (engine/gguf_write.py): a GGUF of a config's shapes with random blocks that kerneltriage's
 own loader accepts (header, tensor table, key names, vocabulary), with the config it was written from, values of the
-intended spread, Llama-3 rope factors that reproduce the preset's frequencies, and no file left by a failed write."""
+intended spread, Llama-3 rope factors that reproduce the preset's frequencies, and no file left by a failed write;
+`gguf meta` and `gguf write --like`: another file's shapes and vocabulary, from the file or its metadata alone."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from conftest import tiny_config
 from kerneltriage.backends.torch.dequant import dequantize
 from kerneltriage.cli.main import main
 from kerneltriage.core.errors import InputError
-from kerneltriage.engine.gguf_write import INIT_STD, TYPES, synthetic_vocabulary, write_gguf
+from kerneltriage.engine.gguf_header import read_header
+from kerneltriage.engine.gguf_write import (INIT_STD, TIED, TYPES, synthetic_vocabulary, write_gguf, write_like,
+                                            write_metadata)
 from kerneltriage.engine.rope import rope_inv_freq
 from kerneltriage.engine.sources import load_checkpoint
 
@@ -58,3 +61,32 @@ def test_bad_requests_are_one_line_errors_and_leave_no_file(tmp_path: Path, caps
     errors = capsys.readouterr().err.splitlines()
     assert "Q5_K" in errors[0] and "no-such" in errors[1]
     assert len(set(synthetic_vocabulary(5000))) == 5000
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])  # tied embeddings; untied with rope scaling
+def test_a_file_like_another_from_its_metadata_alone(tmp_path: Path, arch: str) -> None:
+    source = write_gguf(tiny_config(arch), "Q4_0", tmp_path / "source.gguf").path
+    assert main(["gguf", "meta", str(source), str(tmp_path / "meta.gguf")]) == 0
+    meta = read_header(tmp_path / "meta.gguf")
+    assert not meta.tensors and meta.meta[TIED] == (arch == "qwen3")
+    assert meta.meta["tokenizer.ggml.tokens"] == read_header(source).meta["tokenizer.ggml.tokens"]
+    assert main(["gguf", "write", "--like", str(tmp_path / "meta.gguf"), "--type", "Q8_0",
+                 str(tmp_path / "like.gguf")]) == 0
+    like, original = load_checkpoint(str(tmp_path / "like.gguf")), load_checkpoint(str(source))
+    for size in SIZES:
+        assert getattr(like.config, size) == getattr(original.config, size), size
+    assert {n: t.shape for n, t in like.tensors.items()} == {n: t.shape for n, t in original.tensors.items()}
+    assert like.tensors["layers.0.down"].qtype == "Q8_0" and TIED not in read_header(tmp_path / "like.gguf").meta
+    assert like.tokenizer.encode("abc ab") == original.tokenizer.encode("abc ab")
+    if arch == "llama":  # Llama-3 scaling travels as a tensor, carried through the metadata-only copy
+        np.testing.assert_array_equal(like.tensors["rope_freqs"].data, original.tensors["rope_freqs"].data)
+    direct = write_like(source, "Q8_0", tmp_path / "direct.gguf")  # from the whole file: the same tensors
+    assert read_header(direct.path).tensors == read_header(tmp_path / "like.gguf").tensors
+
+
+def test_meta_and_like_refuse_a_missing_file_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["gguf", "meta", str(tmp_path / "none.gguf"), str(tmp_path / "m.gguf")]) == 2
+    assert main(["gguf", "write", "--like", str(tmp_path / "none.gguf"), str(tmp_path / "x.gguf")]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 2 and all("none.gguf: no such file (expected a GGUF)" in e for e in errors)
+    assert list(tmp_path.iterdir()) == []

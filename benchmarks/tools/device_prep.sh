@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Prepares, on a machine with network, what a GPU machine without network needs beside the tree (docs/remote-gpu.md):
-# .whl/ (gguf, llguidance, pytest-xdist for gpu-tests' workers), .mlxwhl/ (mlx, mlx-lm), .devblob/1..4 (the default
-# model, then MLX's CUDA build as xz, 50 MB parts), .llamasrc/llama.cpp.tar.xz (llama.cpp's source). All git-ignored;
-# each is skipped when present. Run from the repository root with the venv installed (make install); ~3 min, most xz.
+# .whl/ (gguf, llguidance, pytest-xdist), .mlxwhl/ (mlx, mlx-lm), .devblob/1..4 (the default model, then MLX's CUDA
+# build as xz, 50 MB parts), .llamasrc/ (llama.cpp's source), .devmeta/ (Gemma-3's metadata and vocabulary without
+# weights). All git-ignored; each is skipped when present. Run from the repository root with the venv installed
+# (make install); ~3 min, most of it xz.
 #   bash benchmarks/tools/device_prep.sh          all of it
 #   bash benchmarks/tools/device_prep.sh whl      only the wheels (enough for presets)
 set -euo pipefail
-if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || { echo "device_prep: $PY: not found; expected the venv (make install) or PY=python" >&2; exit 2; }
@@ -48,3 +49,12 @@ if [ ! -f .llamasrc/llama.cpp.tar.xz ]; then
     --exclude=llama.cpp/media --exclude=llama.cpp/.github llama.cpp | xz -9 -T2 > .llamasrc/llama.cpp.tar.xz
 fi
 echo ".llamasrc: $(du -h .llamasrc/llama.cpp.tar.xz | cut -f1)"
+
+# Gemma-3-270M's metadata and vocabulary without its weights (6.5 MB, not 238): `gguf write --like` makes a
+# random-weight Gemma-3 with the real 262k vocabulary on the device (device_run.sh gguf with LIKE=...)
+if [ ! -f .devmeta/gemma-3-270m.meta.gguf ]; then
+  gemma=$("$PY" -c "from kerneltriage.engine import fetch as f; print(f.published_model_path(f.PUBLISHED['gemma3-270m']))" \
+    | tail -1)
+  mkdir -p .devmeta && "$PY" -m kerneltriage gguf meta "$gemma" .devmeta/gemma-3-270m.meta.gguf > /dev/null
+fi
+echo ".devmeta: $(ls .devmeta)"

@@ -30,7 +30,9 @@
 #               on the set without graphs, sparse_v's fused kernel against split-KV under graphs, vocab_compact on a
 #               JSON-schema workload (benchmarks/schemas/records.json) on $LEVERS  -> delete-$NAME-$DEV/ab-*.json
 #   gguf        write a GGUF of preset $PRESET's shapes with random $QTYPE blocks at /tmp/$PRESET-$QTYPE.gguf (for
-#               MODEL=/tmp/...: the same quantized file for kerneltriage and llama.cpp; ~10 s for an 8B)
+#               MODEL=/tmp/...: the same quantized file for kerneltriage and llama.cpp; ~10 s for an 8B); with
+#               LIKE=FILE.meta.gguf (`gguf meta`'s copy, e.g. .devmeta/gemma-3-270m.meta.gguf) that model's shapes
+#               and real vocabulary instead, at /tmp/NAME-$QTYPE.gguf
 #   gemv        each projection shape's GEMV at M = 1 under $LEVERS, GB/s against the copy ceiling (gemv_sweep.py)
 #               (and with each of $GEMV_TILES: the quantized GEMV's tiles, BN:VALUES:WARPS:STAGES)
 #               -> gemv-$NAME-$DEV$TAG.json
@@ -46,7 +48,7 @@
 #   WORKERS [6: gpu-tests' processes]  A, B [levers= / levers=$LEVERS]  KERNELS [kerneltriage.kernels.rmsnorm:RMSNORM]
 #   LIMIT_S [560 per sub-step; past it, SIGABRT: Python prints where each thread was]
 #   EXTRA [more flags for every kerneltriage call, e.g. "--dtype float32"]  LLAMA_SRC [llama.cpp's source folder]
-#   PRESET, QTYPE [llama3-8b, Q4_0: the gguf step]  LEDGER [$OUT/ledger-$DEV.db]  DEPTHS [512 4096 7936]
+#   PRESET, QTYPE, LIKE [llama3-8b, Q4_0, none: the gguf step]  LEDGER [$OUT/ledger-$DEV.db]  DEPTHS [512 4096 7936]
 #   HAND [$LEVERS: the best set found by hand, for climb]  LLAMA_ARCH [native: the GPU's own; llama-build]
 #   UNGRAPHED, GRAPHED [delete's sets: the best set without graphs, fused_layer and pdl; and with graphs]
 set -uo pipefail
@@ -127,8 +129,11 @@ run_step() {
           --b "levers=$LEVERS,vocab_compact" "${extra[@]}" -d "$d" -p 64 -n 128 -r 5 --output json \
           --ledger "$LEDGER" > "$dir/ab-vocab-compact-records-d$d.json"
       done ;;
-    gguf) [ -f "/tmp/${PRESET:-llama3-8b}-${QTYPE:-Q4_0}.gguf" ] || step "${kt[@]}" gguf write \
-        --preset "${PRESET:-llama3-8b}" --type "${QTYPE:-Q4_0}" "/tmp/${PRESET:-llama3-8b}-${QTYPE:-Q4_0}.gguf" ;;
+    gguf) local base; if [ -n "${LIKE:-}" ]; then base=$(basename "$LIKE" .gguf); base=${base%.meta}; else
+        base=${PRESET:-llama3-8b}; fi
+      [ -f "/tmp/$base-${QTYPE:-Q4_0}.gguf" ] || step "${kt[@]}" gguf write \
+        $([ -n "${LIKE:-}" ] && echo --like "$LIKE" || echo --preset "$base") --type "${QTYPE:-Q4_0}" \
+        "/tmp/$base-${QTYPE:-Q4_0}.gguf" ;;
     gemv) local t tiles=(); for t in ${GEMV_TILES:-}; do tiles+=(--tiles "$t"); done
       step python3 benchmarks/tools/gemv_sweep.py --model "$MODEL" --levers "$LEVERS" "${tiles[@]}" "${extra[@]}" \
         --out "$OUT/gemv-$NAME-$DEV$TAG.json" ;;

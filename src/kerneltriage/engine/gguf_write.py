@@ -8,6 +8,11 @@ the values are ≈ N(0, INIT_STD), as the presets' float weights are. One tensor
 The vocabulary is synthetic and sentencepiece-shaped (`tokenizer.ggml.model` "llama", llama.cpp's SPM): `<unk>`,
 `<s>`, `</s>`, the 256 byte tokens `<0x00>`…`<0xFF>` (llama.cpp spells any text through them) and made-up pieces
 with falling scores, so that both llama.cpp and transformers' GGUF conversion build a tokenizer from it.
+
+`write_like` takes the shapes and every metadata key (architecture, tokenizer) from another GGUF instead — a real
+model's vocabulary with random weights, for workloads that need its tokens (a grammar's masks over Gemma-3's 262k
+vocabulary). Its tensors are never read, so `write_metadata`'s copy of the file without them (a few MB) serves as
+well on a machine that cannot receive the weights.
 """
 
 from __future__ import annotations
@@ -17,14 +22,16 @@ import os
 import string
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileType, TokenType
+from gguf import (GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType,
+                  TokenType)
 
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine import names
 from kerneltriage.engine.config import ModelConfig
+from kerneltriage.engine.gguf_header import read_header
 from kerneltriage.engine.rope import rope_inv_freq
 from kerneltriage.engine.validate import expected_shapes
 
@@ -38,6 +45,11 @@ TYPES = tuple(FILE_TYPES)
 _HEAD = {"Q4_0": 2, "Q4_1": 4, "Q8_0": 2}
 _SPREAD = {"Q4_0": 4.61, "Q4_1": 4.61, "Q8_0": 73.9}
 SPECIAL = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: llama.cpp's SPM defaults
+# Keys a copied file gets anew (the writer's own, the new name and block type); TIED records, in a metadata-only copy,
+# that the model had no separate output tensor (its tensor table, which says so, is not copied)
+WRITTEN_KEYS = ("general.architecture", "general.name", "general.file_type", "general.quantization_version")
+TIED = "kerneltriage.tied_embeddings"
+ROPE_FREQS = "kerneltriage.rope_freqs"  # in a metadata-only copy, the `rope_freqs` tensor's values (Llama-3 scaling)
 UNK, BOS, EOS = 0, 1, 2
 
 
@@ -50,19 +62,107 @@ class Written:
     tensors: int
 
 
-def write_gguf(config: ModelConfig, qtype: str, path: Path, name: str | None = None) -> Written:
+Field = tuple[str, Any, GGUFValueType, Optional[GGUFValueType]]  # key, value, type, an array's item type
+
+
+def write_gguf(config: ModelConfig, qtype: str, path: Path, name: str | None = None,
+               fields: list[Field] | None = None, rope_freqs: np.ndarray | None = None) -> Written:
     """A GGUF at `path` with `config`'s shapes: matrices as `qtype` blocks of random values, norms at 1, rope
-    factors where the config scales rope. Written to a temporary name and renamed: never half a file."""
+    factors where the config scales rope (or `rope_freqs` as given); metadata from `config` and a synthetic
+    vocabulary, or `fields` (another file's keys) as they are. Written to a temporary name and renamed: never half a
+    file."""
     if qtype not in FILE_TYPES:
         raise InputError(f"GGUF type {qtype!r}: expected one of {', '.join(TYPES)}")
     path = Path(path)
+    shapes = _tensor_shapes(config, qtype)
+    fixed = {}
+    if rope_freqs is not None:
+        fixed[names.from_internal("rope_freqs", names.GGUF)] = np.asarray(rope_freqs, dtype=np.float32)
+        shapes.update({tensor: (values.shape, "F32") for tensor, values in fixed.items()})
+    name = name or f"{config.name or config.arch}-random-{qtype}"
+
+    def metadata(writer: GGUFWriter) -> None:
+        if fields is None:
+            _add_metadata(writer, config, qtype, name)
+            return
+        writer.add_name(name)
+        writer.add_file_type(FILE_TYPES[qtype])
+        writer.add_quantization_version(2)
+        for key, value, vtype, sub in fields:
+            writer.add_key_value(key, value, vtype, sub)
+
+    return _write(path, config.arch, metadata, shapes, config, fixed)
+
+
+def write_like(source: Path, qtype: str, path: Path) -> Written:
+    """A GGUF with `source`'s shapes and every metadata key of it (its tokenizer too), matrices as random `qtype`
+    blocks. `source` may be a metadata-only copy (`write_metadata`)."""
+    fields, meta = _fields(source)
+    tied = bool(meta.get(TIED)) if TIED in meta else "output.weight" not in _tensor_names(source)
+    config = ModelConfig.from_gguf(meta, not tied, name=Path(source).stem)
+    rope = meta.get(ROPE_FREQS, _rope_tensor(source))
+    fields = [f for f in fields if f[0] not in (TIED, ROPE_FREQS, "general.architecture")]  # the writer sets the last
+    return write_gguf(config, qtype, path, name=f"{config.name}-random-{qtype}", fields=fields,
+                      rope_freqs=None if rope is None else np.asarray(rope, dtype=np.float32))
+
+
+def write_metadata(source: Path, path: Path) -> Written:
+    """A copy of `source`'s metadata with no tensors (and whether its embeddings were tied): what `write_like` needs
+    of a model, without its weights."""
+    fields, _ = _fields(source)
+    tied = "output.weight" not in _tensor_names(source)
+    rope = _rope_tensor(source)
+    arch = next(value for key, value, _, _ in fields if key == "general.architecture")
+    kept = [f for f in fields if f[0] not in ("general.architecture",)]
+
+    def metadata(writer: GGUFWriter) -> None:
+        for key, value, vtype, sub in kept:
+            writer.add_key_value(key, value, vtype, sub)
+        writer.add_bool(TIED, tied)
+        if rope is not None:
+            writer.add_array(ROPE_FREQS, [float(v) for v in rope])
+
+    return _write(Path(path), arch, metadata, {}, None, {})
+
+
+def _fields(source: Path) -> tuple[list[Field], dict[str, Any]]:
+    """Every metadata key of `source` with its GGUF types (those the writer sets itself left out, but for the
+    architecture), and the same as plain values."""
+    source = Path(source)
+    meta = read_header(source).meta  # checks the file (one line on a bad one) before gguf's reader maps it
+    fields: list[Field] = []
+    for field in GGUFReader(source).fields.values():
+        if field.name.startswith("GGUF.") or (field.name in WRITTEN_KEYS and field.name != "general.architecture"):
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == GGUFValueType.ARRAY else None
+        fields.append((field.name, field.contents(), vtype, sub))
+    return fields, meta
+
+
+def _tensor_names(source: Path) -> set[str]:
+    return {t.name for t in read_header(Path(source)).tensors}
+
+
+def _rope_tensor(source: Path) -> np.ndarray | None:
+    """The values of `source`'s `rope_freqs` tensor (float32), or None where it has none."""
+    from kerneltriage.engine.gguf_file import read_gguf
+
+    tensor = names.from_internal("rope_freqs", names.GGUF)
+    if tensor not in _tensor_names(source):
+        return None
+    return np.asarray(read_gguf(Path(source)).tensors[tensor].data, dtype=np.float32).copy()
+
+
+def _write(path: Path, arch: str, metadata: Callable[[GGUFWriter], None],
+           shapes: dict[str, tuple[tuple[int, ...], str]], config: ModelConfig | None,
+           fixed: dict[str, np.ndarray]) -> Written:
     if not path.parent.is_dir():
         raise InputError(f"{path}: its folder {path.parent} does not exist")
-    shapes = _tensor_shapes(config, qtype)
     partial = path.with_name(f".{path.name}.partial")
-    writer = GGUFWriter(partial, config.arch)
+    writer = GGUFWriter(partial, arch)
     try:
-        _add_metadata(writer, config, qtype, name or f"{config.name or config.arch}-random-{qtype}")
+        metadata(writer)
         for tensor_name, (shape, kind) in shapes.items():
             if kind == "F32":
                 writer.add_tensor_info(tensor_name, shape, np.dtype(np.float32), _nbytes(shape, kind))
@@ -74,7 +174,10 @@ def write_gguf(config: ModelConfig, qtype: str, path: Path, name: str | None = N
         writer.write_ti_data_to_file()
         pool = np.random.default_rng(SEED).integers(0, 256, POOL_BYTES, dtype=np.uint8)
         for index, (tensor_name, (shape, kind)) in enumerate(shapes.items()):
-            writer.write_tensor_data(_tensor(config, tensor_name, shape, kind, pool, index))
+            assert config is not None  # shapes come from a config
+            data = fixed.get(tensor_name)
+            writer.write_tensor_data(data if data is not None else _tensor(config, tensor_name, shape, kind, pool,
+                                                                           index))
         writer.close()
         os.replace(partial, path)
     finally:  # an error (or Ctrl-C) leaves no partial file behind; after the rename there is none to remove
