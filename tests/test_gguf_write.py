@@ -16,8 +16,7 @@ from kerneltriage.backends.torch.dequant import dequantize
 from kerneltriage.cli.main import main
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.gguf_header import read_header
-from kerneltriage.engine.gguf_write import (INIT_STD, TIED, TYPES, synthetic_vocabulary, write_gguf, write_like,
-                                            write_metadata)
+from kerneltriage.engine.gguf_write import INIT_STD, TIED, TYPES, synthetic_vocabulary, write_gguf, write_like
 from kerneltriage.engine.rope import rope_inv_freq
 from kerneltriage.engine.sources import load_checkpoint
 
