@@ -151,7 +151,7 @@ from kerneltriage.kernels.quant_gemv import BLOCK, KINDS, TILES, _quant_gemv, la
 names = _quant_gemv.arg_names
 for qtype, kind in KINDS.items():
     for rows, n in ((1, 4096), (1, 1024), (16, 4096)):
-        bn, bb = launch(n, rows, TILES)
+        bn, bb = launch(n, 4096 // BLOCK, rows, TILES)
         consts = {"KIND": kind, "ROWS": rows, "BN": bn, "BB": bb, "NBLOCKS": 4096 // BLOCK, "STAGES": TILES.stages}
         sig = {n: "constexpr" if n in consts else "*i8" if n == "q_ptr" and qtype == "Q8_0" else "*u8"
                if n == "q_ptr" else "*fp16" if n in ("scale_ptr", "min_ptr") else "*bf16" if n.endswith("_ptr")
