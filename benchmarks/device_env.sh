@@ -28,7 +28,10 @@ if [ ! -f "$model" ] && [ -f /tmp/ktparts/blobpart.0 ] && [ -f /tmp/ktparts/blob
 fi
 [ -f "$model" ] && echo "default model ready: $(md5sum < "$model")" || echo "default model not yet complete"
 # MLX's CUDA build beside torch's own CUDA 13 libraries (libmlx.so finds them through its RPATH ../../nvidia/...).
-if [ -f /tmp/ktparts/blobpart.3 ] && ! python3 -c "import mlx.core" 2>/dev/null; then
+# Only once every part is here (parts arrive in any order) and only from carried wheels: a half-joined stream would
+# unpack half a library.
+if [ "$(ls /tmp/ktparts/blobpart.[0-3] 2>/dev/null | wc -l)" = 4 ] && ls .mlxwhl/*.whl > /dev/null 2>&1 \
+  && ! python3 -c "import mlx.core" 2>/dev/null; then
   site=$(python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .mlxwhl/*.whl \
     && cat /tmp/ktparts/blobpart.[0-3] | tail -c +$((MODEL_BYTES + 1)) \
