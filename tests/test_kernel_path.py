@@ -170,3 +170,16 @@ def test_an_attention_kernel_takes_its_paths_calls_and_keeps_greedy_tokens(kerne
     stock.reset_cache(16), runner.reset_cache(16)
     stock.prefill(prompt[:3], 0), runner.prefill(prompt[:3], 0)
     assert torch.allclose(runner.prefill(prompt[3:], 3), stock.prefill(prompt[3:], 3), atol=1e-5)
+
+
+def test_a_triton_kernel_off_a_gpu_without_the_interpreter_is_refused_before_it_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton finds no driver on a CPU: the first launch used to raise mid-run (a traceback, not an error naming the
+    input); the refusal comes at build. (Under the interpreter, this suite's CPU runs, the Triton kernels' tests take
+    them: tests/test_kernels_triton.py.)"""
+    from kerneltriage.core.errors import InputError
+
+    ref = "kerneltriage.kernels.rmsnorm:RMSNORM"
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(InputError, match=f"kernel={ref}: a Triton kernel, and Triton has no backend for cpu"):
+        BACKEND.build(tiny_checkpoint("llama"), RunConfig.from_flags(f"kernel={ref}"), "cpu", "float32")

@@ -133,13 +133,15 @@ def _quant_gemv(x_ptr, scale_ptr, min_ptr, q_ptr, out_ptr, rows, n, sx, so, NBLO
              mask=r_ok[:, None] & n_ok[None, :])
 
 
-def launch(n: int, blocks: int, padded: int, tiles: Tiles) -> tuple[int, int]:
+def launch(n: int, blocks: int, padded: int, tiles: Tiles, programs: int = PROGRAMS) -> tuple[int, int]:
     """(BN, BB) for a weight of n rows of `blocks` blocks and `padded` rows of x: BN halved (to 1) while the programs
-    would number fewer than PROGRAMS, BB from the values a step multiplies (a power of two, at least 4: at 16 rows
-    and 2 blocks a step a thread's share of the blocks was 2 bytes, loaded as such; at 4, 16-byte transfers), and no
-    more than a row's blocks (rounded up to a power of two: the default model's 18)."""
+    would number fewer than `programs` (1 off a GPU: Triton's interpreter runs programs one after another, and a
+    tiny model's projections at BN = 1 made the CPU suite's three model tests 8× slower), BB from the values a
+    step multiplies (a power of two, at least 4: at 16 rows and 2 blocks a step a thread's share of the blocks was
+    2 bytes, loaded as such; at 4, 16-byte transfers), and no more than a row's blocks (rounded up to a power of
+    two: the default model's 18)."""
     bn = tiles.bn
-    while bn > 1 and triton.cdiv(n, bn) < PROGRAMS:
+    while bn > 1 and triton.cdiv(n, bn) < programs:
         bn //= 2
     return bn, min(triton.next_power_of_2(blocks), max(4, tiles.values // BLOCK // bn // padded))
 
@@ -150,7 +152,7 @@ def quant_gemv(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     padded = triton.next_power_of_2(rows)  # one compilation per 1, 2, 4, 8, 16 rows
     out = torch.empty(rows, n, device=x.device, dtype=x.dtype)
     mins = w.mins if w.mins is not None else w.scales  # an unread placeholder for Q4_0 / Q8_0
-    bn, bb = launch(n, w.shape[1] // BLOCK, padded, TILES)
+    bn, bb = launch(n, w.shape[1] // BLOCK, padded, TILES, PROGRAMS if x.is_cuda else 1)
     _quant_gemv[(triton.cdiv(n, bn),)](x, w.scales, mins, w.quants, out, rows, n, x.stride(0), out.stride(0),
                                        NBLOCKS=w.shape[1] // BLOCK, KIND=KINDS[w.qtype], ROWS=padded, BN=bn, BB=bb,
                                        STAGES=TILES.stages, num_warps=TILES.warps)

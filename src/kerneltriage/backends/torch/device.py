@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from kerneltriage.core.errors import InputError
@@ -44,3 +46,8 @@ def check_fits(config: ModelConfig, device: torch.device, dtype: torch.dtype, sa
     its weights take less than in `dtype`, those a lever keeps as blocks)."""
     require_fits(config, str(dtype).removeprefix("torch."), dtype.itemsize, str(device), available_memory(device),
                  saved)
+
+
+def runs_triton(device: torch.device) -> bool:
+    """Triton kernels run here: CUDA, or anywhere under Triton's interpreter (TRITON_INTERPRET=1, the CPU tests)."""
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"

@@ -3,12 +3,15 @@ inputs and an output buffer (`engine/kernels.py` SEAM_INPUTS), counting its call
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 import torch
+import triton
 from torch import nn
 
 from kerneltriage.backends.torch import counting, kernel_ops
+from kerneltriage.backends.torch.device import runs_triton
 from kerneltriage.backends.torch.models.llama import MLP, RMSNorm
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
@@ -79,7 +82,17 @@ def install(runner: Runner, ref: str | None) -> Kernel:
                          f"expected one of {', '.join(WIRED)}")
     if kernel.seam not in runner.model.SEAMS:
         raise InputError(f"kernel={ref}: a {runner.config.arch} model has no {kernel.seam} seam")
+    if not runs_triton(runner.device) and _is_triton(kernel):
+        raise InputError(f"kernel={ref}: a Triton kernel, and Triton has no backend for {runner.device}; expected "
+                         "--device cuda (or TRITON_INTERPRET=1: Triton's interpreter, slow)")
     WIRED[kernel.seam](runner, _call(runner, f"kernel={ref}", kernel, kernel.seam))
     if kernel.quality is not None:
         runner.approximations.append(kernel.quality)
     return kernel
+
+
+def _is_triton(kernel: Kernel) -> bool:
+    """The kernel's module defines a Triton JIT function (on the CPU without the interpreter Triton finds no
+    driver at the first launch: a traceback mid-run, not an error naming the input)."""
+    module = sys.modules.get(getattr(kernel.fn, "__module__", ""))
+    return any(isinstance(value, triton.runtime.JITFunction) for value in vars(module or object).values())

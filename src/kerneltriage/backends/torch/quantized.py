@@ -15,7 +15,6 @@ reference) takes each projection's dequantized values.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
@@ -24,6 +23,7 @@ from torch import nn
 
 from kerneltriage.backends.torch import counting
 from kerneltriage.backends.torch.dequant import dequantize
+from kerneltriage.backends.torch.device import runs_triton
 from kerneltriage.backends.torch.int4_cpu import COMPUTE, Int4Weight, int4_product, pack
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
@@ -149,7 +149,7 @@ class Int4Linear(QuantLinear):
 def quantized(runner: Runner, value: str | None = None) -> None:
     """delete: each layer's Q4_0/Q4_1/Q8_0 projections read as their blocks (CUDA: a Triton GEMV; CPU: torch's int4
     CPU matmul for a bf16 model)."""
-    triton = _triton(runner.device)
+    triton = runs_triton(runner.device)  # the blocks through the Triton GEMV, else int4 CPU
     if any(name.rpartition(".")[2].startswith("packed_") for name, _ in runner.model.layers.named_modules()):
         raise InputError(f"--levers {LEVER}: the projections are packed already; it goes before packed_qkv and "
                          f"packed_gate_up (the lever table's order), which then stack its blocks")
@@ -179,7 +179,7 @@ def kept_as_blocks(checkpoint: Checkpoint, device: torch.device, dtype: torch.dt
     with the lever on gives them no memory and no values, so no dequantized copy is made only to be dropped (an 8B
     Q4_0 loads without a 16 GB bf16 copy), and counts their blocks, not their values, when it checks that the model
     fits."""
-    triton = _triton(device)
+    triton = runs_triton(device)
     kept = {f"layers.{index}.{'.'.join(PROJECTIONS[suffix])}.weight": checkpoint.tensors[f"layers.{index}.{suffix}"]
             for index, suffix in _kept(checkpoint, triton)}
     head = _head(checkpoint)
@@ -187,11 +187,6 @@ def kept_as_blocks(checkpoint: Checkpoint, device: torch.device, dtype: torch.dt
     if not triton and dtype == COMPUTE and head is not None and not checkpoint.config.tie_embeddings:
         kept["lm_head.weight"] = head
     return kept
-
-
-def _triton(device: torch.device) -> bool:
-    """The blocks go through the Triton GEMV (CUDA, or Triton's interpreter); else torch's int4 CPU matmul."""
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _kept(checkpoint: Checkpoint, triton: bool) -> list[tuple[int, str]]:
