@@ -78,6 +78,25 @@ def test_a_quantized_model_keeps_the_dequantized_models_tokens() -> None:
     assert 0.3 * stock.held_bytes() < quant.held_bytes() < 0.8 * stock.held_bytes()  # the blocks replace them
 
 
+def test_the_packed_levers_stack_the_blocks_into_one_gemv_and_keep_the_tokens() -> None:
+    """packed_qkv and packed_gate_up beside quantized: q/k/v and gate/up each one GEMV over their stacked blocks (7
+    calls a layer become 4), the same tokens; the parts keep views of their rows (a stock copy still reads them)."""
+    checkpoint = _quantized_checkpoint("Q8_0")
+    stock = _runner(checkpoint)
+    packed = levers.apply_config(_runner(checkpoint, "quantized"), RunConfig.from_flags("packed_qkv,packed_gate_up"))
+    prompt = list(range(5, 21))
+    expected = list(generate_step(stock, prompt, SamplingParams(), 4))
+    assert list(generate_step(packed, prompt, SamplingParams(), 4)) == expected
+    assert packed.counters["quantized"] == 2 * 4 * 4 and packed.counters["packed_qkv"] == 2 * 4
+    attention = packed.model.layers[0].self_attn
+    whole = attention.packed_q_proj_k_proj_v_proj
+    assert whole.quants.shape[0] == sum(getattr(attention, f"{n}_proj").out_features for n in "qkv")
+    assert attention.k_proj.quants.data_ptr() == whole.quants[attention.q_proj.out_features:].data_ptr()  # a view
+    copy = stock_copy(packed.model, torch.float32)
+    raw = checkpoint.tensors["layers.0.k"]
+    assert torch.equal(copy.get_parameter("layers.0.self_attn.k_proj.weight"), dequantize(raw, DEVICE, torch.float32))
+
+
 def test_a_stock_copy_of_a_quantized_model_has_the_dequantized_weights() -> None:
     checkpoint = _quantized_checkpoint()
     stock = BACKEND.build(checkpoint, RunConfig(), DEVICE, "bfloat16")
@@ -96,9 +115,15 @@ def test_refusals() -> None:
     # (on the CPU, where the table lets the packed levers stack its blocks, the applier refuses the late order)
     with pytest.raises(InputError, match="not with packed_qkv: they read the dequantized weights it drops|packed al"):
         levers.apply_config(_runner(_quantized_checkpoint(), "packed_qkv"), RunConfig.from_flags("quantized"))
-    with pytest.raises(InputError, match="not with kernel"):
-        levers.apply_config(_runner(_quantized_checkpoint(), "kernel=kerneltriage.kernels.rmsnorm:RMSNORM"),
-                            RunConfig.from_flags("quantized"))
+    # a kernel at a seam that reads a projection's weight, in either order; one at a seam that reads none is taken
+    silu, norm = "kernel=kerneltriage.kernels.silu_gemv:SILU_GEMV", "kernel=kerneltriage.kernels.rmsnorm:RMSNORM"
+    with pytest.raises(InputError, match="not with kernel=kerneltriage.kernels.silu_gemv:SILU_GEMV: its seam reads"):
+        levers.apply_config(_runner(_quantized_checkpoint(), silu), RunConfig.from_flags("quantized"))
+    with pytest.raises(InputError, match="not with kernel=kerneltriage.kernels.silu_gemv:SILU_GEMV: its seam reads"):
+        _runner(_quantized_checkpoint(), f"quantized,{silu}")
+    with pytest.raises(InputError, match="seam gate_up reads the projections' weights, which quantized keeps"):
+        levers.apply_config(_runner(_quantized_checkpoint(), "quantized"), RunConfig.from_flags(silu))
+    assert _runner(_quantized_checkpoint(), f"quantized,{norm}").run_config.has("kernel")
     runner = _quantized(_runner(_quantized_checkpoint()))
     with pytest.raises(InputError, match="quantized"):
         levers.APPLIERS["compile"](runner, "default")

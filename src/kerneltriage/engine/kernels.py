@@ -29,6 +29,8 @@ SEAM_INPUTS: dict[str, tuple[str, ...]] = {
     "lm_head": ("hidden (T, H)", "weight (V, H)"),  # hidden · weightᵀ: (T, V)
     "linear.gemv": ("x (T, K)", "weight (N, K)"),  # every projection called with at most GEMV_ROWS rows
 }
+READS_PROJECTIONS = frozenset({"gate_up", "linear.gemv"})  # the seams given a layer projection's weight (what
+# `quantized` keeps as blocks: a kernel there is refused beside it; attention, the norms and the head read none of it)
 GEMV_ROWS = 16  # linear.gemv: calls with this many rows or fewer (decode and verify); larger ones stay stock
 DECODE_ROWS = 16  # query rows up to which a masked attention call is a decode-path call (a verify), as in flex_decode
 # (rows, keys, first position) → the (T, S) bool mask of `rows` queries after `start` cached positions

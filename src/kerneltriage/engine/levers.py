@@ -118,9 +118,7 @@ TABLE: tuple[Lever, ...] = (
           "torch's int4 matmul for a bf16 model, the output projection too): 4.5-8.5 bits read per weight instead "
           "of the dequantized 16-32", numerics="reorders",
           seams=("qkv", "o_proj", "gate_up", "down", "lm_head"), backends=BOTH, devices=DEVICES,
-          clashes=(Clash(("fused_layer", "kernel"), "they read the dequantized weights it drops", ("torch",)),
-                   Clash(("packed_qkv", "packed_gate_up"), "they read the dequantized weights it drops (the CPU "
-                         "stacks its blocks instead)", ("torch",), ("cuda",)),
+          clashes=(Clash(("fused_layer",), "it reads the dequantized weights it drops", ("torch",)),
                    Clash(("compile",), "compile would trace its Triton GEMV", ("torch",))), own_values=True),
     Lever("packed_qkv", "dispatch", "model", "q, k and v from one matmul instead of three", numerics="reorders",
           seams=("qkv",), backends=BOTH, devices=DEVICES),

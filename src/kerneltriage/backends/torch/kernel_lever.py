@@ -9,13 +9,14 @@ from typing import Any, Callable
 import torch
 import triton
 from torch import nn
+from triton.runtime.interpreter import InterpretedFunction
 
 from kerneltriage.backends.torch import counting, kernel_ops
 from kerneltriage.backends.torch.device import runs_triton
 from kerneltriage.backends.torch.models.llama import MLP, RMSNorm
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
-from kerneltriage.engine.kernels import GEMV_ROWS, Kernel, load_kernel, seam_attention
+from kerneltriage.engine.kernels import GEMV_ROWS, READS_PROJECTIONS, Kernel, load_kernel, seam_attention
 
 
 
@@ -82,6 +83,10 @@ def install(runner: Runner, ref: str | None) -> Kernel:
                          f"expected one of {', '.join(WIRED)}")
     if kernel.seam not in runner.model.SEAMS:
         raise InputError(f"kernel={ref}: a {runner.config.arch} model has no {kernel.seam} seam")
+    if kernel.seam in READS_PROJECTIONS and runner.run_config.has("quantized"):
+        others = ", ".join(sorted(set(WIRED) - READS_PROJECTIONS))
+        raise InputError(f"kernel={ref}: seam {kernel.seam} reads the projections' weights, which quantized keeps "
+                         f"as blocks; expected a seam that reads none ({others})")
     if not runs_triton(runner.device) and _is_triton(kernel):
         raise InputError(f"kernel={ref}: a Triton kernel, and Triton has no backend for {runner.device}; expected "
                          "--device cuda (or TRITON_INTERPRET=1: Triton's interpreter, slow)")
@@ -95,4 +100,5 @@ def _is_triton(kernel: Kernel) -> bool:
     """The kernel's module defines a Triton JIT function (on the CPU without the interpreter Triton finds no
     driver at the first launch: a traceback mid-run, not an error naming the input)."""
     module = sys.modules.get(getattr(kernel.fn, "__module__", ""))
-    return any(isinstance(value, triton.runtime.JITFunction) for value in vars(module or object).values())
+    kinds = (triton.runtime.JITFunction, InterpretedFunction)  # the latter: decorated under TRITON_INTERPRET=1
+    return any(isinstance(value, kinds) for value in vars(module or object).values())

@@ -28,6 +28,7 @@ from kerneltriage.backends.torch.int4_cpu import COMPUTE, Int4Weight, int4_produ
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.checkpoint import BLOCK_TYPES, Checkpoint, RawTensor
+from kerneltriage.engine.kernels import READS_PROJECTIONS, load_kernel
 
 if TYPE_CHECKING:
     from kerneltriage.kernels.quant_gemv import QuantWeight
@@ -66,6 +67,33 @@ class QuantLinear(nn.Module):
         from kerneltriage.kernels.quant_gemv import dequantized
 
         return dequantized(self.quant, dtype or self.dtype)
+
+    @classmethod
+    def stacked(cls, runner: Runner, parts: Sequence["QuantLinear"]) -> "QuantLinear":
+        """One module computing `parts`' rows in order in one GEMV (packed_qkv, packed_gate_up: an 8B's 7 calls a
+        layer become 4); each part's blocks become views of its rows, so a part called alone (a stock copy) still
+        reads them and nothing is held twice."""
+        from kerneltriage.kernels.quant_gemv import QuantWeight
+
+        weights = [part.quant for part in parts]
+        mins = None if weights[0].mins is None else torch.cat([w.mins for w in weights])  # type: ignore[misc]
+        biases = [part.bias for part in parts]
+        bias = None if biases[0] is None else nn.Parameter(torch.cat(biases), requires_grad=False)  # type: ignore[arg-type]
+        n = sum(part.out_features for part in parts)
+        whole = cls(runner, QuantWeight(weights[0].qtype, torch.cat([w.scales for w in weights]), mins,
+                                        torch.cat([w.quants for w in weights]), (n, parts[0].in_features)), bias)
+        sizes = [part.out_features for part in parts]
+        for name in ("scales", "mins", "quants"):
+            if whole._buffers[name] is not None:
+                for part, view in zip(parts, whole._buffers[name].split(sizes)):  # type: ignore[union-attr]
+                    part._buffers[name] = view
+        return whole
+
+    @staticmethod
+    def stackable(parts: Sequence[nn.Module]) -> bool:
+        """`parts` are QuantLinears (not the CPU's) of one block type and width, each with a bias or none with one."""
+        return (all(type(part) is QuantLinear for part in parts)
+                and len({(part.qtype, part.in_features, part.bias is None) for part in parts}) == 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._count()
@@ -153,6 +181,10 @@ def quantized(runner: Runner, value: str | None = None) -> None:
     if any(name.rpartition(".")[2].startswith("packed_") for name, _ in runner.model.layers.named_modules()):
         raise InputError(f"--levers {LEVER}: the projections are packed already; it goes before packed_qkv and "
                          f"packed_gate_up (the lever table's order), which then stack its blocks")
+    for setting in runner.run_config.levers:  # a kernel installed earlier reads its seam's weights at each call
+        if setting.name == "kernel" and load_kernel(setting.value or "").seam in READS_PROJECTIONS:
+            raise InputError(f"--levers {LEVER}: not with kernel={setting.value}: its seam reads the projections' "
+                             "weights, which this lever keeps as blocks")
     tensors = runner.checkpoint.tensors
     kept = _kept(runner.checkpoint, triton)
     if not kept:
@@ -217,13 +249,15 @@ def _takes(raw: RawTensor | None, triton: bool) -> bool:
 
 
 def packed(runner: Runner, lever: str, module: nn.Module, names: tuple[str, ...]) -> Callable:
-    """packed_qkv / packed_gate_up beside quantized on the CPU: the parts' blocks stacked by rows into one int4
-    matmul (the default model: 5 of its 8 calls a layer become 2). Parts that cannot stack (block types or widths
-    that differ, one kept dequantized) stay apart, each its own call, and the lever does not count them."""
+    """packed_qkv / packed_gate_up beside quantized: the parts' blocks stacked by rows into one call (the CPU: one
+    int4 matmul, the default model's 5 of 8 calls a layer become 2; CUDA: one Triton GEMV). Parts that cannot stack
+    (block types or widths that differ, one kept dequantized) stay apart, each its own call, and the lever does not
+    count them."""
     parts = [getattr(module, name) for name in names]
-    if not Int4Linear.stackable(parts):
+    kind = type(parts[0])
+    if not (issubclass(kind, QuantLinear) and kind.stackable(parts)):
         return lambda x: tuple(part(x) for part in parts)
-    whole = Int4Linear.stacked(runner, parts)
+    whole = kind.stacked(runner, parts)
     module.add_module(f"packed_{'_'.join(names)}", whole)
     sizes = [part.out_features for part in parts]
 
