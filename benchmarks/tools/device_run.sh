@@ -86,7 +86,7 @@ run_step() {
   case "$1" in
     smoke) step python3 -m pytest -q -x tests/test_gpu_smoke.py ;;
     gpu-tests) local timed=(tests/test_gpu_probes.py tests/cheats/test_cheats_gpu.py) t0=$SECONDS
-      { step python3 -m pytest -v -m gpu -p no:cacheprovider --durations=25 -n "$WORKERS" --dist load \
+      { step python3 -m pytest -v -rs -m gpu -p no:cacheprovider --durations=25 -n "$WORKERS" --dist load \
           "${timed[@]/#/--ignore=}" tests
         step python3 -m pytest -v -m gpu -p no:cacheprovider --durations=10 "${timed[@]}"
         echo "gpu-tests: both parts in $((SECONDS - t0)) s"; } 2>&1 \
