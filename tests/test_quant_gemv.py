@@ -211,3 +211,46 @@ def test_the_gemv_builds_for_sm90_with_vector_loads() -> None:
         if rows == "1":
             # decode: a Q4 block summed in its thread (Q8_0's 32 bytes in two), across blocks once after the loop
             assert int(shuffles) <= (4 if qtype == "Q8_0" else 0), line
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+def test_int4mm_parts_are_the_blocks_values(qtype: str) -> None:
+    """int4mm's repacking for CUDA's int4 matmul (which needs CUDA: tests/test_gpu_smoke.py runs it): the values in
+    order and per-group (s, z) give back the dequantized weight exactly, W = (q − 8)·s + z."""
+    from kerneltriage.backends.torch.int4 import cuda_packable, cuda_parts
+
+    raw = _quantize(np.random.default_rng(3).standard_normal((24, 128)).astype(np.float32), qtype)
+    w = split_blocks(raw, DEVICE)
+    values, s, z = cuda_parts(w.scales, w.mins, w.quants, w.shape)
+    rebuilt = (values.float() - 8).view(24, 4, 32) * s[..., None] + z[..., None]
+    assert torch.equal(rebuilt.view(24, 128), dequantize(raw, DEVICE, torch.float32))
+    assert cuda_packable(qtype, (24, 128)) and not cuda_packable(qtype, (20, 128))
+    assert not cuda_packable("Q8_0", w.shape)
+    if DEVICE == "cpu":  # the lever table keeps it to CUDA, in one line
+        with pytest.raises(InputError, match="int4mm"):
+            _runner(_quantized_checkpoint(qtype), "quantized,int4mm")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA's int4 matmul needs CUDA")
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+def test_int4mm_takes_the_decode_rows_and_keeps_the_models_logits(qtype: str) -> None:
+    """On CUDA: the int4 matmul's product is the dequantized weight's (bf16 scales: ~2⁻⁹ relative), and through the
+    model int4mm takes every block projection's decode rows, the logits those of the Triton GEMV's."""
+    from kerneltriage.backends.torch.int4 import int4_product_cuda, pack_blocks_cuda
+
+    raw = _quantize(np.random.default_rng(4).standard_normal((64, 256)).astype(np.float32), qtype)
+    w = split_blocks(raw, DEVICE)
+    x = torch.randn(3, 256, device=DEVICE, dtype=torch.bfloat16)
+    expected = x.float() @ dequantize(raw, DEVICE, torch.float32).T
+    got = int4_product_cuda(x, pack_blocks_cuda(w.qtype, w.scales, w.mins, w.quants, w.shape)).float()
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
+    checkpoint = _quantized_checkpoint(qtype)
+    gemv = BACKEND.build(checkpoint, RunConfig.from_flags("quantized"), DEVICE, "bfloat16")
+    int4 = BACKEND.build(checkpoint, RunConfig.from_flags("quantized,int4mm"), DEVICE, "bfloat16")
+    prompt = list(range(5, 25))  # 20 rows: the prompt dequantizes, only the decode row takes the int4 matmul
+    for runner in (gemv, int4):
+        runner.reset_cache(64)
+        runner.prefill(prompt, 0)
+    a, b = gemv.decode(7, len(prompt)).float(), int4.decode(7, len(prompt)).float()
+    torch.testing.assert_close(b, a, rtol=5e-2, atol=5e-2 * a.abs().max().item())
+    assert int4.counters["int4mm"] == 2 * 7  # 2 layers × 7 projections, one decode step

@@ -1,4 +1,4 @@
-"""The `quantized` lever's CPU path (backends/torch/int4_cpu.py, quantized.Int4Linear): GGUF Q4_0/Q4_1/Q8_0 blocks
+"""The `quantized` lever's CPU path (backends/torch/int4.py, quantized.Int4Linear): GGUF Q4_0/Q4_1/Q8_0 blocks
 repacked for torch's int4 CPU matmul give the dequantized product within bf16 rounding; on a bf16 model the lever
 takes the projections and the output projection, holds fewer bytes, and passes ab's logit checks (its float32
 rebuild is stock float32 exactly; in bf16 no further from float32 than a bf16 model is); on a float32 model it keeps
@@ -15,7 +15,7 @@ import torch
 from conftest import tiny_checkpoint
 from kerneltriage.backends.torch.backend import BACKEND
 from kerneltriage.backends.torch.dequant import dequantize
-from kerneltriage.backends.torch.int4_cpu import int4_product, pack
+from kerneltriage.backends.torch.int4 import int4_product, pack
 from kerneltriage.backends.torch import load
 from kerneltriage.backends.torch.levers import apply_config
 from kerneltriage.backends.torch.load import build_runner, stock_copy
@@ -169,7 +169,7 @@ def test_the_fit_check_counts_what_stays_as_blocks(tmp_path, monkeypatch: pytest
 def test_packing_in_row_chunks_is_packing_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The packer's layout is per 64 rows: chunks of PACK_ROWS (a multiple of 64) give the same bytes, a ragged tail
     (here 208 = 3 × 64 + 16 rows) included, with a fraction of the int32 values alive at once."""
-    from kerneltriage.backends.torch import int4_cpu
+    from kerneltriage.backends.torch import int4 as int4_cpu
 
     raw = _quantize(np.random.default_rng(3).standard_normal((208, 96)).astype(np.float32), "Q4_1")
     whole = pack([raw])

@@ -124,6 +124,11 @@ TABLE: tuple[Lever, ...] = (
           seams=("qkv",), backends=BOTH, devices=DEVICES),
     Lever("packed_gate_up", "dispatch", "model", "gate and up from one matmul instead of two", numerics="reorders",
           seams=("gate_up",), backends=BOTH, devices=DEVICES),
+    # int4mm after the packed levers: it repacks whatever blocks they stacked
+    Lever("int4mm", "fast-path", "model", "quantized's Q4_0/Q4_1 projections through torch's int4 matmul "
+          "(`_weight_int4pack_mm`, gpt-fast's tinygemm) at ≤ 16 rows instead of our Triton GEMV: the library's "
+          "path first (bf16; its scales rounded to bf16 as the CPU's int4 path rounds them)", numerics="reorders",
+          seams=("qkv", "o_proj", "gate_up", "down"), devices=("cuda",), requires=("quantized",)),
     Lever("fused_norm", "fast-path", "model", "RMSNorm as one fused F.rms_norm call with its weight",
           numerics="reorders", seams=("norm",),
           architectures=("llama", "qwen2", "qwen3")),  # Gemma's norms scale by 1 + w, not by F.rms_norm's w

@@ -107,6 +107,7 @@ APPLIERS: dict[str, Applier] = {
     "prefill_graphs": accelerate.prefill_graphs,
     "graphs": lambda runner, value: accelerate.graphs(runner),
     "vocab_compact": lambda runner, value: vocab_compact.vocab_compact(runner),
+    "int4mm": quantized.int4mm,
     "one_sync": one_sync,
 }
 

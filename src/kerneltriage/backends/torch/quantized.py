@@ -6,7 +6,7 @@ reference) takes each projection's dequantized values.
 - CUDA (`QuantLinear`): the blocks on the device (`kernels/quant_gemv.py`): decode and verify rows (≤ 16) through a
   Triton GEMV, prompts through the weight dequantized for the call and a GEMM. The CPU runs the same under Triton's
   interpreter when TRITON_INTERPRET=1 (the tests of that kernel).
-- CPU (`Int4Linear`): the blocks repacked for torch's int4 CPU matmul (`int4_cpu.py`), which is vectorized only for
+- CPU (`Int4Linear`): the blocks repacked for torch's int4 CPU matmul (`int4.py`), which is vectorized only for
   bf16 activations: a bf16 model's rows (≤ INT4_ROWS) go through it; float32 or fp16 activations, and longer
   prompts, through the weight dequantized from the blocks for the call (exactly stock's values: ab's float32 check).
   packed_qkv and packed_gate_up stack the blocks of a layer's parts by rows into one Int4Linear (`packed`): one
@@ -24,7 +24,8 @@ from torch import nn
 from kerneltriage.backends.torch import counting
 from kerneltriage.backends.torch.dequant import dequantize
 from kerneltriage.backends.torch.device import runs_triton
-from kerneltriage.backends.torch.int4_cpu import COMPUTE, Int4Weight, int4_product, pack
+from kerneltriage.backends.torch.int4 import (COMPUTE, Int4Weight, cuda_packable, int4_product, int4_product_cuda,
+                                              pack, pack_blocks_cuda)
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
 from kerneltriage.engine.checkpoint import BLOCK_TYPES, Checkpoint, RawTensor
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from kerneltriage.kernels.quant_gemv import QuantWeight
 
 LEVER = "quantized"
+INT4MM = "int4mm"
 KINDS = BLOCK_TYPES
 INT4_ROWS = 128  # CPU: rows through the int4 kernel; above, dequantizing + a bf16 GEMM is faster (EPYC, 1 core: even
 # at 256 rows, 2× at 512); at 1 row it is 4× faster than a bf16 F.linear of the dequantized weight
@@ -55,6 +57,9 @@ class QuantLinear(nn.Module):
         self.register_buffer("mins", weight.mins, persistent=False)
         self.register_buffer("quants", weight.quants, persistent=False)
         self._count = lambda: counting.ran(runner, LEVER)  # a closure: the runner is not a submodule
+        self.int4: Int4Weight | None = None  # int4mm: the blocks repacked for CUDA's int4 matmul (not a buffer: the
+        # blocks stay, for prompts and stock copies, and the model's bytes count them once)
+        self._count_int4 = lambda: counting.ran(runner, INT4MM)
 
     @property
     def quant(self) -> "QuantWeight":
@@ -104,7 +109,10 @@ class QuantLinear(nn.Module):
         from kerneltriage.kernels.quant_gemv import GEMV_ROWS, dequantized, quant_gemv
 
         rows = x.reshape(-1, x.shape[-1])
-        if rows.shape[0] <= GEMV_ROWS:
+        if rows.shape[0] <= GEMV_ROWS and self.int4 is not None and rows.dtype == COMPUTE:
+            self._count_int4()
+            y = int4_product_cuda(rows, self.int4)
+        elif rows.shape[0] <= GEMV_ROWS:
             y = quant_gemv(rows, self.quant)
         else:
             y = F.linear(rows, dequantized(self.quant, x.dtype))
@@ -204,6 +212,25 @@ def quantized(runner: Runner, value: str | None = None) -> None:
         runner.no_compile = LEVER  # (on the CPU, compile traces torch's own ops: the int4 matmul is one of them)
     else:
         _output_projection(runner)
+
+
+def int4mm(runner: Runner, value: str | None = None) -> None:
+    """fast-path: each Q4_0/Q4_1 projection `quantized` keeps as blocks (packed ones included) also repacked for
+    CUDA's int4 matmul, which then takes its decode and verify rows. In float32 (ab's exact rebuild of a bf16
+    configuration) it leaves the Triton GEMV in place: the int4 matmul computes in bf16 only."""
+    modules = [m for m in runner.model.modules() if type(m) is QuantLinear]
+    if not modules:
+        raise InputError(f"--levers {INT4MM}: no projection is kept as blocks; expected quantized before it on a "
+                         "Q4_0/Q4_1 GGUF")
+    if runner.torch_dtype != COMPUTE:
+        return
+    taken = [m for m in modules if cuda_packable(m.qtype, (m.out_features, m.in_features))]
+    if not taken:
+        raise InputError(f"--levers {INT4MM}: none of the {len(modules)} block projections is Q4_0/Q4_1 with N a "
+                         "multiple of 8 and K of 32 (Q8_0 stays on the Triton GEMV)")
+    for module in taken:
+        module.int4 = pack_blocks_cuda(module.qtype, module.scales, module.mins, module.quants,
+                                       (module.out_features, module.in_features))
 
 
 def kept_as_blocks(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> dict[str, RawTensor]:

@@ -1,5 +1,6 @@
-"""GGUF Q4_0 / Q4_1 / Q8_0 blocks repacked for torch's int4 CPU matmul (`aten._weight_int4pack_mm_for_cpu`), the
-`quantized` lever's decode GEMV on the CPU.
+"""GGUF blocks repacked for torch's int4 matmuls: Q4_0 / Q4_1 / Q8_0 for the CPU's (`aten._weight_int4pack_mm_for_cpu`,
+the `quantized` lever's decode GEMV there), Q4_0 / Q4_1 for CUDA's (`aten._weight_int4pack_mm`, gpt-fast's tinygemm:
+the `int4mm` lever, the library's path beside our Triton GEMV).
 
 That kernel computes x · Wᵀ with W[n, k] = (q − 8)·s + z, q a 4-bit value and (s, z) one scale and zero per group
 of 32 values along k, in the activations' dtype. Its bf16 path is vectorized (a 2-core EPYC: 30 of the default
@@ -75,3 +76,47 @@ def int4_product(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     if k_packed != w.shape[1]:
         x = torch.cat([x, x], dim=1)  # (M, 2K): the high nibbles' groups, then the low ones'
     return torch.ops.aten._weight_int4pack_mm_for_cpu(x, w.packed, GROUP, w.scale_zeros)
+
+
+# CUDA (tinygemm): the packer takes (N, K/2) uint8, two values a byte, the even one in the high nibble (torchao's
+# `(w[:, ::2] << 4) | w[:, 1::2]`), and lays them out per 8 rows and K tiles of 16 × INNER_K; N a multiple of 8
+INNER_K = (8, 4, 2)  # the K tiles tried, widest first: K must be a multiple of 16 × the tile
+CUDA_KINDS = ("Q4_0", "Q4_1")  # Q8_0's two halves would need x twice (a copy a call): it stays on the Triton GEMV
+
+
+def cuda_packable(qtype: str, shape: tuple[int, int]) -> bool:
+    """A weight of this type and (N, K) that CUDA's int4 matmul takes."""
+    n, k = shape
+    return qtype in CUDA_KINDS and n % 8 == 0 and k % (16 * INNER_K[-1]) == 0
+
+
+def pack_blocks_cuda(qtype: str, scales: torch.Tensor, mins: torch.Tensor | None, quants: torch.Tensor,
+                     shape: tuple[int, int]) -> Int4Weight:
+    """A Q4_0/Q4_1 weight split into its blocks (`kernels/quant_gemv.split_blocks`: scales and mins (N, K/32)
+    float16, quants (N, K/2) uint8 with value i of a block in the low nibble of byte i and value i + 16 in its high
+    one) as CUDA's int4 matmul takes it, on the blocks' device; the scales and zeros as the module docstring says."""
+    n, k = shape
+    if not cuda_packable(qtype, shape):
+        raise ValueError(f"{qtype} ({n}, {k}): expected one of {', '.join(CUDA_KINDS)}, N a multiple of 8 and K of "
+                         f"{16 * INNER_K[-1]}")
+    values, d, zeros = cuda_parts(scales, mins, quants, shape)
+    pairs = ((values[:, ::2] << 4) | values[:, 1::2]).to(torch.uint8).contiguous()
+    inner = next(t for t in INNER_K if k % (16 * t) == 0)
+    packed = torch.ops.aten._convert_weight_to_int4pack(pairs, inner)
+    scale_zeros = torch.stack([d, zeros], dim=-1).transpose(0, 1).contiguous().to(COMPUTE)  # (K/32, N, 2)
+    return Int4Weight(packed, scale_zeros, shape)
+
+
+def cuda_parts(scales: torch.Tensor, mins: torch.Tensor | None, quants: torch.Tensor,
+               shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The weight's 4-bit values (N, K) in order, each group's float32 scale and zero (N, K/32): W = (q − 8)·s + z."""
+    n, k = shape
+    q = quants.view(n, k // GROUP, GROUP // 2)
+    values = torch.cat([q & 0x0F, q >> 4], dim=2).reshape(n, k)
+    d = scales.float()
+    return values, d, torch.zeros_like(d) if mins is None else mins.float() + 8 * d
+
+
+def int4_product_cuda(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
+    """x (M, K) bf16 → x·Wᵀ (M, N) bf16 through CUDA's int4 matmul."""
+    return torch.ops.aten._weight_int4pack_mm(x.contiguous(), w.packed, GROUP, w.scale_zeros)
