@@ -73,13 +73,15 @@ def test_layer_matches_stock(arch: str, rows: int, depth: int, static: bool) -> 
     (17, 16, 64, False, 12), (17, 16, 64, False, 10**6), (17, 64, 256, True, 10**6)])
 def test_layer_matches_stock_with_k_in_several_rounds(rows: int, dot_bk: int, tile: int, partial: bool, programs: int,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """K read in several rounds (the tiny model's K fits one): the RMS over rounds and the pipelined tl.dot loop
-    (rounds of 16 or 32: the hidden 64 in 2–4 rounds), or a last round only partly inside K (96 in 64 + 32); and K
+    """K read in several rounds (the tiny model's K fits one): the RMS over rounds, a decode row's products summed in
+    place over pipelined rounds, and the pipelined tl.dot loop (rounds of 16 or 32: the hidden 64 in 2–4 rounds),
+    or a last round only partly inside K (96 in 64 + 32); and K
     split over programs (`programs`: SPLIT_PROGRAMS), each split's share summed by the block's last arriver, the
     semaphores left at zero for the next launch."""
     from kerneltriage.kernels import fused_layer
 
     monkeypatch.setattr(fused_layer, "DOT_BK", dot_bk)
+    monkeypatch.setattr(fused_layer, "DECODE_BK", dot_bk)  # a decode row's rounds: summed in place (`_gemv2` DEFER)
     monkeypatch.setattr(fused_layer, "TILE", tile)
     monkeypatch.setattr(fused_layer, "SPLIT_PROGRAMS", programs)
     hidden, inter = fused_layer._tiles(rows, 96, 64), fused_layer._tiles(rows, 64, 96)  # K = 64, K = 96
@@ -233,6 +235,7 @@ def test_pdl_needs_fused_layer_and_cuda() -> None:
 # pipelined (cp.async) with PDL's wait ahead of every load of x. Run apart from this process, where conftest may have
 # set the interpreter.
 SM90_BUILD = """
+import re
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -279,6 +282,30 @@ for pdl, rows, programs in ((pdl, rows, programs) for pdl in (False, True)
             shares = max(i for i in range(counts[0]) if "st.global" in ptx[i])  # the last share stored
             assert any("bar.sync" in line for line in ptx[shares:counts[0]]), (fn.__name__, "count before shares")
         print(fn.__name__, pdl, rows, len(kernel.asm["cubin"]), len(copies))
+# an 8B's decode row (K = 4,096 in several rounds): the rounds pipelined, the products summed in place, across the
+# threads once after the loop (a shuffle tree per output, not per round)
+for pdl in (False, True):
+    t = f._tiles(1, 4096, 4096)
+    assert t.rounds > 1 and t.stages > 1, t
+    consts = {"T": 1, "ROWS": 1, "BN": t.bn, "BK": t.bk, "ROUNDS": t.rounds, "STAGES": t.stages, "SPLITS": 1,
+              "PDL": pdl}
+    for fn in (f._gemv_residual, f._gate_up):
+        names = fn.arg_names
+        sig = {n: "constexpr" if n in consts else "*fp32" if n in FP32 else "*i32" if n in I32 else "*bf16"
+               if n.endswith("_ptr") else "fp32" if n == "eps" else "i32" for n in names}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n] not in ("constexpr", "fp32")}
+        kernel = triton.compile(ASTSource(fn, signature=sig, constexprs={n: consts[n] for n in names if n in consts},
+                                          attrs=attrs), target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl})
+        lines = kernel.asm["ptx"].splitlines()
+        assert any("cp.async" in line for line in lines), (fn.__name__, "decode rounds not pipelined")
+        labels = {m.group(1): i for i, line in enumerate(lines) for m in [re.match(r"(\\$L\\w+):", line.strip())] if m}
+        branches = [(i, re.search(r"bra(?:\\.uni)?\\s+([^;]+);", line)) for i, line in enumerate(lines)]
+        loops = [(labels[m.group(1)], i) for i, m in branches
+                 if m and labels.get(m.group(1), i) < i]  # back edges: a branch to a label above it
+        assert loops, (fn.__name__, "no loop over the rounds")
+        inside = [i for start, end in loops for i in range(start, end) if "shfl.sync" in lines[i]]
+        assert not inside, (fn.__name__, len(inside), "shuffles inside the rounds' loop")
+        print(fn.__name__, pdl, "decode-8b", len(kernel.asm["cubin"]), len(loops))
 """
 
 
@@ -291,4 +318,4 @@ def test_every_kernel_builds_for_sm90() -> None:
     done = subprocess.run([sys.executable, "-c", SM90_BUILD], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     # PDL off and on: 3 GEMV kernels × 3, attention × 2, qwen3's q/k/v × 2
-    assert len(done.stdout.splitlines()) == 2 * (3 * 3 + 2 * 2 + 2)
+    assert len(done.stdout.splitlines()) == 2 * (3 * 3 + 2 * 2 + 2) + 2 * 2

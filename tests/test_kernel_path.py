@@ -179,6 +179,9 @@ def test_a_triton_kernel_off_a_gpu_without_the_interpreter_is_refused_before_it_
     them: tests/test_kernels_triton.py.)"""
     from kerneltriage.core.errors import InputError
 
+    import kerneltriage.kernels.rmsnorm  # noqa: F401 - decorated now, under the interpreter: imported first with the
+    # variable unset, the module would keep compiled-only kernels for every later test in this process
+
     ref = "kerneltriage.kernels.rmsnorm:RMSNORM"
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(InputError, match=f"kernel={ref}: a Triton kernel, and Triton has no backend for cpu"):

@@ -44,6 +44,8 @@ HEAD_ROUNDS = 1  # rounds of K per program of a decode's q/k/v GEMV tiled by who
 # choice by analogy, to be measured: `_head_tiles`)
 STAGE_BYTES = 96 * 1024  # shared memory a head tile's pipelined rounds may take (float32 weights; H200: 227 KB)
 MAX_BLOCKS = 4096  # column blocks of one split-K GEMV at most (the semaphores: `_semaphores`)
+DECODE_BK, DECODE_STAGES = 512, 3  # a decode row's rounds where K takes more than one TILE (`_tiles`): a choice by
+# analogy with the Q4 GEMV's third shape, to be measured on the 8B
 TILE = 8192  # elements of a GEMV program's (rows, columns, K) tile per weight: registers, not shared memory
 WIDE = 8192  # weight elements a program holds at once above which it runs 8 warps instead of 4
 BLOCK_S = 64  # keys per attention tile
@@ -60,14 +62,14 @@ def _rnd(v, dt: tl.constexpr):
 @triton.jit
 def _inv_rms(x_ptr, sx, r, r_ok, k, eps, ROWS: tl.constexpr, BK: tl.constexpr, ROUNDS: tl.constexpr,
              STAGES: tl.constexpr):
-    """1 / rms of each row of x (ROWS, k), in float32."""
-    ss = tl.zeros((ROWS,), tl.float32)
+    """1 / rms of each row of x (ROWS, k), in float32: squares summed in place, across K once after the loop."""
+    sq = tl.zeros((ROWS, BK), tl.float32)
     for i in tl.range(0, ROUNDS, num_stages=STAGES):
         kk = i * BK + tl.arange(0, BK)
         x = tl.load(x_ptr + r[:, None] * sx + kk[None, :], mask=r_ok[:, None] & (kk < k)[None, :], other=0.0)
         x = x.to(tl.float32)
-        ss += tl.sum(x * x, 1)
-    return tl.rsqrt(ss / k + eps)
+        sq += x * x
+    return tl.rsqrt(tl.sum(sq, 1) / k + eps)
 
 
 @triton.jit
@@ -86,8 +88,13 @@ def _gemv2(x_ptr, sx, wa_ptr, wb_ptr, sw, cols_a, cols_b, n_ok, r, r_ok, k, eps,
     DOT: tl.constexpr = ROWS >= 16 and BN >= 16  # tl.dot's smallest tile
     WHOLE: tl.constexpr = ROUNDS * SPLITS  # rounds over the whole of K
     EARLY: tl.constexpr = PDL and (DOT or STAGES > 1 or (NORM and WHOLE > 1))
+    # a decode row over several rounds: products summed in place, across K once after the loop (a sum across the
+    # threads every round kept one round in flight: `_tiles`)
+    DEFER: tl.constexpr = not DOT and ROWS == 1 and ROUNDS > 1
     acc_a = tl.zeros((ROWS, BN), tl.float32)
     acc_b = tl.zeros((ROWS, BN), tl.float32)
+    wide_a = tl.zeros((BN, BK) if DEFER else (1, 1), tl.float32)
+    wide_b = tl.zeros((BN, BK) if DEFER else (1, 1), tl.float32)
     inv = tl.full((ROWS,), 1.0, tl.float32)
     if EARLY:
         tl.extra.cuda.gdc_wait()
@@ -114,10 +121,18 @@ def _gemv2(x_ptr, sx, wa_ptr, wb_ptr, sw, cols_a, cols_b, n_ok, r, r_ok, k, eps,
             acc_a += tl.dot(x.to(wa.dtype), tl.trans(wa), input_precision="ieee")
             if TWO:
                 acc_b += tl.dot(x.to(wb.dtype), tl.trans(wb), input_precision="ieee")
+        elif DEFER:
+            wide_a += tl.reshape(x, (1, BK)) * wa.to(tl.float32)
+            if TWO:
+                wide_b += tl.reshape(x, (1, BK)) * wb.to(tl.float32)
         else:
             acc_a += tl.sum(x[:, None, :] * wa.to(tl.float32)[None, :, :], 2)
             if TWO:
                 acc_b += tl.sum(x[:, None, :] * wb.to(tl.float32)[None, :, :], 2)
+    if DEFER:
+        acc_a = tl.reshape(tl.sum(wide_a, 1), (1, BN))
+        if TWO:
+            acc_b = tl.reshape(tl.sum(wide_b, 1), (1, BN))
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start requesting its weights
     return acc_a, acc_b
@@ -386,6 +401,10 @@ def _tiles(rows: int, n: int, k: int) -> Tiles:
         splits = _k_splits(triton.cdiv(n, DOT_BN), rounds)
         return Tiles(padded, DOT_BN, bk, rounds // splits, DOT_STAGES, splits)
     bk = min(triton.next_power_of_2(k), max(16, TILE // (padded * BN)))
+    if padded == 1 and k > bk:  # a decode row over several rounds (an 8B's K of 4,096 and 14,336: 2 and 7 rounds of
+        # 2,048 one at a time, its projections at 76–80% of copy): rounds of DECODE_BK summed in place (`_gemv2`'s
+        # DEFER), DECODE_STAGES in flight; one round, as on the default model, stays as measured
+        return Tiles(1, BN, DECODE_BK, triton.cdiv(k, DECODE_BK), DECODE_STAGES)
     return Tiles(padded, BN, bk, triton.cdiv(k, bk), 1)
 
 
