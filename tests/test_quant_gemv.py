@@ -254,3 +254,25 @@ def test_int4mm_takes_the_decode_rows_and_keeps_the_models_logits(qtype: str) ->
     a, b = gemv.decode(7, len(prompt)).float(), int4.decode(7, len(prompt)).float()
     torch.testing.assert_close(b, a, rtol=5e-2, atol=5e-2 * a.abs().max().item())
     assert int4.counters["int4mm"] == 2 * 7  # 2 layers × 7 projections, one decode step
+
+
+def test_int4mm_checks_one_row_of_its_repacked_weight_before_it_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """int4mm's own check, with CUDA's int4 matmul stood in for (it needs CUDA): a product the dequantized weight
+    would not give is a one-line InputError, no module keeps the repacked weight; a right one is taken."""
+    from kerneltriage.backends.torch import quantized
+    from kerneltriage.backends.torch.int4 import Int4Weight
+    from kerneltriage.kernels.quant_gemv import QuantWeight
+
+    def weight(qtype, scales, mins, quants, shape):  # noqa: ANN001, ANN202 - the stand-in keeps the blocks' values
+        return Int4Weight(dequantized(QuantWeight(qtype, scales, mins, quants, shape), torch.float32), scales, shape)
+
+    monkeypatch.setattr(quantized, "pack_blocks_cuda", weight)
+    runner = BACKEND.build(_quantized_checkpoint("Q4_0"), RunConfig.from_flags("quantized"), DEVICE, "bfloat16")
+    monkeypatch.setattr(quantized, "int4_product_cuda", lambda x, w: 1.2 * (x.float() @ w.packed.T))  # 20% off
+    with pytest.raises(InputError, match=r"^--levers int4mm: torch's int4 matmul failed here \(a decode row differs"):
+        quantized.int4mm(runner)
+    blocks = [m for m in runner.model.modules() if type(m) is quantized.QuantLinear]
+    assert blocks and all(m.int4 is None for m in blocks)
+    monkeypatch.setattr(quantized, "int4_product_cuda", lambda x, w: x.float() @ w.packed.T)
+    quantized.int4mm(runner)
+    assert all(m.int4 is not None for m in blocks)

@@ -228,9 +228,27 @@ def int4mm(runner: Runner, value: str | None = None) -> None:
     if not taken:
         raise InputError(f"--levers {INT4MM}: none of the {len(modules)} block projections is Q4_0/Q4_1 with N a "
                          "multiple of 8 and K of 32 (Q8_0 stays on the Triton GEMV)")
-    for module in taken:
-        module.int4 = pack_blocks_cuda(module.qtype, module.scales, module.mins, module.quants,
-                                       (module.out_features, module.in_features))
+    try:
+        for module in taken:
+            module.int4 = pack_blocks_cuda(module.qtype, module.scales, module.mins, module.quants,
+                                           (module.out_features, module.in_features))
+        _check_int4(taken[0])
+    except RuntimeError as exc:  # this torch build or GPU without the kernel, or another layout: one line, not a crash
+        for module in taken:
+            module.int4 = None
+        raise InputError(f"--levers {INT4MM}: torch's int4 matmul failed here ({str(exc).splitlines()[0][:160]}); "
+                         "expected it on an sm_80+ GPU with a torch build that has it") from None
+
+
+def _check_int4(module: QuantLinear) -> None:
+    """One decode row through the repacked weight against the dequantized weight's product (a layout this torch
+    reads otherwise than `int4.pack_blocks_cuda` writes would otherwise only show as wrong tokens)."""
+    x = torch.randn(1, module.in_features, device=module.quants.device, dtype=COMPUTE)
+    want = F.linear(x.float(), module.stock_weight(torch.float32))
+    got = int4_product_cuda(x, module.int4).float()  # type: ignore[arg-type]
+    error = ((got - want).abs().max() / want.abs().max().clamp_min(1e-6)).item()
+    if not error < 0.05:  # bf16 scales and activations: ~1e-2 at most
+        raise RuntimeError(f"a decode row differs from the dequantized product by {error:.2g} of its largest value")
 
 
 def kept_as_blocks(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> dict[str, RawTensor]:
