@@ -58,14 +58,20 @@ def split_blocks(raw: RawTensor, device: torch.device | str) -> QuantWeight:
                        (n, k))
 
 
+def nibbles(quants: torch.Tensor, n: int) -> torch.Tensor:
+    """A Q4 weight's 4-bit values (N, K/32, 32) in order, from its quants (N, K/2): value i of a block is the low
+    nibble of its byte i, value i + 16 the high one."""
+    q = quants.view(n, -1, BLOCK // 2)
+    return torch.cat([q & 0x0F, q >> 4], dim=-1)
+
+
 def dequantized(w: QuantWeight, dtype: torch.dtype) -> torch.Tensor:
     """The weight's values (N, K) as `dtype` (prompts: dequantize, then a GEMM)."""
     n, k = w.shape
     d = w.scales.float().unsqueeze(-1)  # (N, K/32, 1)
     if w.qtype == "Q8_0":
         return (w.quants.view(n, -1, BLOCK).float() * d).reshape(n, k).to(dtype)
-    q = w.quants.view(n, -1, BLOCK // 2)
-    q = torch.cat([q & 0x0F, q >> 4], dim=-1).float()  # (N, K/32, 32): low nibbles are values 0..15
+    q = nibbles(w.quants, n).float()  # (N, K/32, 32)
     values = d * q + w.mins.float().unsqueeze(-1) if w.qtype == "Q4_1" else d * (q - 8)
     return values.reshape(n, k).to(dtype)
 

@@ -93,8 +93,8 @@ def cuda_packable(qtype: str, shape: tuple[int, int]) -> bool:
 def pack_blocks_cuda(qtype: str, scales: torch.Tensor, mins: torch.Tensor | None, quants: torch.Tensor,
                      shape: tuple[int, int]) -> Int4Weight:
     """A Q4_0/Q4_1 weight split into its blocks (`kernels/quant_gemv.split_blocks`: scales and mins (N, K/32)
-    float16, quants (N, K/2) uint8 with value i of a block in the low nibble of byte i and value i + 16 in its high
-    one) as CUDA's int4 matmul takes it, on the blocks' device; the scales and zeros as the module docstring says."""
+    float16, quants (N, K/2) uint8 in GGUF's nibble order, `quant_gemv.nibbles`) as CUDA's int4 matmul takes it, on
+    the blocks' device; the scales and zeros as the module docstring says."""
     n, k = shape
     if not cuda_packable(qtype, shape):
         raise ValueError(f"{qtype} ({n}, {k}): expected one of {', '.join(CUDA_KINDS)}, N a multiple of 8 and K of "
@@ -110,9 +110,10 @@ def pack_blocks_cuda(qtype: str, scales: torch.Tensor, mins: torch.Tensor | None
 def cuda_parts(scales: torch.Tensor, mins: torch.Tensor | None, quants: torch.Tensor,
                shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The weight's 4-bit values (N, K) in order, each group's float32 scale and zero (N, K/32): W = (q − 8)·s + z."""
+    from kerneltriage.kernels.quant_gemv import nibbles  # (Triton's module: imported where CUDA's path runs)
+
     n, k = shape
-    q = quants.view(n, k // GROUP, GROUP // 2)
-    values = torch.cat([q & 0x0F, q >> 4], dim=2).reshape(n, k)
+    values = nibbles(quants, n).reshape(n, k)
     d = scales.float()
     return values, d, torch.zeros_like(d) if mins is None else mins.float() + 8 * d
 
