@@ -6,7 +6,7 @@ of a shape is cycled through, so none stays in L2, and the calls are captured in
     python benchmarks/tools/gemv_sweep.py --model /tmp/llama3-8b-q4_0.gguf --levers quantized --out FILE.json
     python benchmarks/tools/gemv_sweep.py --model llama3-8b --levers packed_qkv,packed_gate_up   (cuBLAS, bf16)
     python benchmarks/tools/gemv_sweep.py --model /tmp/llama3-8b-q4_0.gguf --levers quantized \
-        --tiles 8:8192:4:3:1 --tiles 8:8192:4:3:0 --tiles 4:8192:4:4   (BN:VALUES:WARPS:STAGES[:WORDS])
+        --tiles 8:8192:4:3 --tiles 4:8192:4:4 --tiles 16:16384:8:3    (the GEMV's tiles: BN:VALUES:WARPS:STAGES)
 
 Prints one line per shape; --out writes the rows with the ceilings and the environment (git sha, dirty flag).
 """
@@ -26,9 +26,8 @@ def main() -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--rows", default="1", help="comma-separated row counts M (default 1: decode's GEMV)")
-    parser.add_argument("--tiles", action="append", default=[], metavar="BN:VALUES:WARPS:STAGES[:WORDS]",
-                        help="time the quantized GEMV with these tiles (repeatable; kernels/quant_gemv.py Tiles; "
-                             "WORDS 1/0: a Q4 decode row's blocks read as words or bytes)")
+    parser.add_argument("--tiles", action="append", default=[], metavar="BN:VALUES:WARPS:STAGES",
+                        help="time the quantized GEMV with these tiles (repeatable; kernels/quant_gemv.py Tiles)")
     parser.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = parser.parse_args()
     from kerneltriage.core.environment import capture_environment
@@ -46,11 +45,11 @@ def main() -> int:
         return 2
     try:
         tiles = [tuple(int(v) for v in text.split(":")) for text in args.tiles]
-        if any(len(t) not in (4, 5) or min(t[:4]) < 1 or t[4:] not in ((), (0,), (1,)) for t in tiles):
+        if any(len(t) != 4 or min(t) < 1 for t in tiles):
             raise ValueError
     except ValueError:
-        print(f"gemv_sweep: --tiles {' '.join(args.tiles)!r}: expected BN:VALUES:WARPS:STAGES[:WORDS], positive "
-              "integers (WORDS 0 or 1), e.g. 8:8192:4:3 or 8:8192:4:3:0", file=sys.stderr)
+        print(f"gemv_sweep: --tiles {' '.join(args.tiles)!r}: expected BN:VALUES:WARPS:STAGES, positive integers, "
+              "e.g. 8:8192:4:3", file=sys.stderr)
         return 2
     try:
         backend = get_backend("torch")

@@ -30,8 +30,6 @@ PROGRAMS = 264  # two programs per SM of an H100/H200 at least: a smaller weight
 VALUES = 8192  # weights × rows multiplied per program and loop step: blocks per step = VALUES / 32 / BN / rows
 WARPS = 4
 STAGES = 3  # loads in flight per program: the next steps' tiles load while this one's are summed
-WORDS = 1  # a Q4 decode row's blocks as 4 words each (`_quant_gemv`): a choice from the sm_90 build (no conversion
-# instruction: 64 int-to-float conversions a step a thread before), to be judged on the H200 against bytes (0)
 KINDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
 _BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 
@@ -83,39 +81,26 @@ class Tiles(NamedTuple):
     values: int = VALUES
     warps: int = WARPS
     stages: int = STAGES
-    words: int = WORDS  # 1: a decode row reads Q4 blocks as 32-bit words (8 values each); 0: as bytes
 
 
 TILES = Tiles()  # what quant_gemv launches with (gemv_sweep.py --tiles sets others to time them)
 
 
 @triton.jit
-def _float(q, offset: tl.constexpr):
-    """q − offset in float32 for small non-negative integers q (< 2²³), exactly, without a conversion instruction:
-    q in the low bits of a float's mantissa is 2²³ + q, less 2²³ + offset (an int-to-float conversion issues at a
-    quarter of the integer rate, and two a byte bounded the first kernels at about half the copy bandwidth)."""
-    return (q.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + offset)
-
-
-@triton.jit
 def _quant_gemv(x_ptr, scale_ptr, min_ptr, q_ptr, out_ptr, rows, n, sx, so, NBLOCKS: tl.constexpr,
-                KIND: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, STAGES: tl.constexpr,
-                WORDS: tl.constexpr):
-    """BN output rows a program; each step reads BB blocks of each, once. Each block's scaled sum accumulates in
-    place and the sums across blocks are taken once, after the loop. K (NBLOCKS) is a constant: one build per
-    projection width, and a loop Triton pipelines over STAGES tiles in flight.
-    With WORDS a decode row of a Q4 weight reads each block as 4 words (a word's byte s holds values 4w + s and
-    16 + 4w + s) in a (BN, BB, 4) tile, the layout its loads have, and takes their 8 nibbles in turn against x
-    gathered in that order, so a block's sum stays in its thread. Q8_0, and several rows (broadcast over a further
-    dimension), read bytes (a Q4 byte's low and high nibbles meet x's two halves)."""
+                KIND: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, STAGES: tl.constexpr):
+    """BN output rows a program; each step reads BB blocks of each as their bytes, once (a Q4 byte holds a block's
+    values j and j + 16, so the low and high nibbles meet their two halves of x). Each block's scaled sum accumulates
+    in place and the sums across blocks are taken once, after the loop. One row of x (decode) is multiplied as a
+    (BN, BB, WIDTH) tile, the layout its loads have, so a block's sum stays in its thread; more rows broadcast over a
+    fourth dimension. K (NBLOCKS) is a constant: one build per projection width, and a loop Triton pipelines over
+    STAGES tiles in flight."""
     cols = tl.program_id(0) * BN + tl.arange(0, BN)  # output rows of W
     n_ok = cols < n
     r = tl.arange(0, ROWS)
     r_ok = r < rows
     WIDTH: tl.constexpr = 32 if KIND == 2 else 16  # bytes of one block's quants
     j = tl.arange(0, WIDTH)
-    w4 = tl.arange(0, 4)
-    wq = q_ptr.to(tl.pointer_type(tl.int32))
     if ROWS == 1:
         acc = tl.zeros((BN, BB), tl.float32)
     else:
@@ -125,41 +110,27 @@ def _quant_gemv(x_ptr, scale_ptr, min_ptr, q_ptr, out_ptr, rows, n, sx, so, NBLO
         b_ok = blocks < NBLOCKS
         ok = n_ok[:, None] & b_ok[None, :]  # (BN, BB)
         d = tl.load(scale_ptr + cols[:, None] * NBLOCKS + blocks[None, :], mask=ok, other=0.0).to(tl.float32)
-        if KIND == 1:
-            m = tl.load(min_ptr + cols[:, None] * NBLOCKS + blocks[None, :], mask=ok, other=0.0).to(tl.float32)
-        if WORDS and KIND != 2 and ROWS == 1:
-            words = tl.load(wq + cols[:, None, None] * (NBLOCKS * 4) + (blocks[:, None] * 4 + w4[None, :])[None],
-                            mask=ok[:, :, None], other=0)  # (BN, BB, 4)
-            at = blocks[:, None] * 32 + 4 * w4[None, :]  # (BB, 4): value 4w of each block
-            part = tl.zeros((BN, BB), tl.float32)
-            for e in tl.static_range(8):  # nibble e of each word: value 16·(e % 2) + 4w + e // 2 of its block
-                x = tl.load(x_ptr + at + (16 * (e % 2) + e // 2), mask=b_ok[:, None], other=0.0).to(tl.float32)
-                if KIND == 1:  # d·q + m per value, as the reference dequantizes
-                    q = _float((words >> (4 * e)) & 0x0F, 0.0)
-                    part += tl.sum((q * d[:, :, None] + m[:, :, None]) * x[None], 2)
-                else:  # q − 8, from the same one subtraction
-                    part += tl.sum(_float((words >> (4 * e)) & 0x0F, 8.0) * x[None], 2)
-            acc += part if KIND == 1 else part * d
+        q = tl.load(q_ptr + cols[:, None, None] * (NBLOCKS * WIDTH) + (blocks[:, None] * WIDTH + j[None, :])[None],
+                    mask=ok[:, :, None], other=0)  # (BN, BB, WIDTH)
+        if ROWS == 1:  # x's values (BB, WIDTH), broadcast over the BN rows
+            at = blocks[:, None] * 32 + j[None, :]
+            x_ok = b_ok[:, None]
+        else:  # (ROWS, 1, BB, WIDTH)
+            at = (r[:, None, None] * sx + (blocks[:, None] * 32 + j[None, :])[None])[:, None]
+            x_ok = (r_ok[:, None, None] & b_ok[None, :, None])[:, None]
+        x = tl.load(x_ptr + at, mask=x_ok, other=0.0).to(tl.float32)
+        if KIND == 2:
+            acc += tl.sum(x * q.to(tl.float32), axis=-1) * d
         else:
-            q = tl.load(q_ptr + cols[:, None, None] * (NBLOCKS * WIDTH) + (blocks[:, None] * WIDTH + j[None, :])[None],
-                        mask=ok[:, :, None], other=0)  # (BN, BB, WIDTH)
-            if ROWS == 1:  # x's values (BB, WIDTH), broadcast over the BN rows
-                at = blocks[:, None] * 32 + j[None, :]
-                x_ok = b_ok[:, None]
-            else:  # (ROWS, 1, BB, WIDTH)
-                at = (r[:, None, None] * sx + (blocks[:, None] * 32 + j[None, :])[None])[:, None]
-                x_ok = (r_ok[:, None, None] & b_ok[None, :, None])[:, None]
-            x = tl.load(x_ptr + at, mask=x_ok, other=0.0).to(tl.float32)
-            if KIND == 2:
-                acc += tl.sum(x * q.to(tl.float32), axis=-1) * d
+            x_high = tl.load(x_ptr + at + 16, mask=x_ok, other=0.0).to(tl.float32)  # values 16..31 of each block
+            low, high = (q & 0x0F).to(tl.float32), (q >> 4).to(tl.float32)
+            if KIND == 1:  # d·q + m per value, as the reference dequantizes
+                m = tl.load(min_ptr + cols[:, None] * NBLOCKS + blocks[None, :], mask=ok, other=0.0).to(tl.float32)
+                w_low = d[:, :, None] * low + m[:, :, None]
+                w_high = d[:, :, None] * high + m[:, :, None]
+                acc += tl.sum(x * w_low + x_high * w_high, axis=-1)
             else:
-                x_high = tl.load(x_ptr + at + 16, mask=x_ok, other=0.0).to(tl.float32)  # values 16..31 of each block
-                low, high = _float(q & 0x0F, 0.0), _float(q >> 4, 0.0)
-                if KIND == 1:  # d·q + m per value, as the reference dequantizes
-                    acc += tl.sum(x * (d[:, :, None] * low + m[:, :, None])
-                                  + x_high * (d[:, :, None] * high + m[:, :, None]), axis=-1)
-                else:
-                    acc += tl.sum(x * (low - 8.0) + x_high * (high - 8.0), axis=-1) * d
+                acc += tl.sum(x * (low - 8.0) + x_high * (high - 8.0), axis=-1) * d
     if ROWS == 1:
         out = tl.sum(acc, axis=1)[None, :]
     else:
@@ -190,5 +161,5 @@ def quant_gemv(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     bn, bb = launch(n, w.shape[1] // BLOCK, padded, TILES, PROGRAMS if x.is_cuda else 1)
     _quant_gemv[(triton.cdiv(n, bn),)](x, w.scales, mins, w.quants, out, rows, n, x.stride(0), out.stride(0),
                                        NBLOCKS=w.shape[1] // BLOCK, KIND=KINDS[w.qtype], ROWS=padded, BN=bn, BB=bb,
-                                       STAGES=TILES.stages, WORDS=TILES.words, num_warps=TILES.warps)
+                                       STAGES=TILES.stages, num_warps=TILES.warps)
     return out
