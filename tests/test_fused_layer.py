@@ -175,6 +175,64 @@ def test_graphed_pdl_keeps_greedy_tokens_across_a_window(arch: str) -> None:
     assert runner.counters["fused_layer"] > 0 and runner.counters["pdl"] > 0
 
 
+def _blocks_runner(qtype: str, levers_text: str, arch: str = "llama"):  # noqa: ANN202
+    """A tiny model whose layer projections are `qtype` GGUF blocks (as a quantized GGUF's), with `levers_text`."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from kerneltriage.engine.checkpoint import Checkpoint, RawTensor
+
+    checkpoint = tiny_checkpoint(arch, max_context=512)
+    tensors = dict(checkpoint.tensors)
+    for name, raw in checkpoint.tensors.items():
+        if name.startswith("layers.") and name.split(".")[-1] in ("q", "k", "v", "o", "gate", "up", "down"):
+            values = np.asarray(raw.data, dtype=np.float32)
+            tensors[name] = RawTensor(qtype, values.shape, quantize(values, getattr(GGMLQuantizationType, qtype)))
+    blocks = Checkpoint(checkpoint.config, tensors, checkpoint.tokenizer, source=f"tiny {arch} ({qtype})")
+    return BACKEND.build(blocks, RunConfig.from_flags(levers_text), DEVICE, "float32")
+
+
+# Beside quantized: a decode row reads the layer's Q4 blocks in place (K in one round, and in 2–3 rounds of 32:
+# the RMS over rounds and the products summed across blocks after the loop); q/k/v stacked by packed_qkv or by the
+# lever itself; the same output and cache as the stock layer over the same blocks (their GEMVs)
+@pytest.mark.parametrize(("qtype", "arch", "packed", "quant_bk", "depth", "static"), [
+    ("Q4_0", "llama", "", 2048, 0, False), ("Q4_1", "llama", "packed_qkv,packed_gate_up", 2048, 70, True),
+    ("Q4_0", "qwen2", "", 32, 70, True), ("Q4_1", "llama", "packed_qkv", 32, 33, False)])
+def test_a_decode_row_reads_the_blocks_in_place(qtype: str, arch: str, packed: str, quant_bk: int, depth: int,
+                                                static: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("gguf")
+    from kerneltriage.kernels import fused_layer
+
+    monkeypatch.setattr(fused_layer, "QUANT_BK", quant_bk)
+    sets = "quantized" + (f",{packed}" if packed else "")
+    stock, fused = _blocks_runner(qtype, sets, arch), _fused(_blocks_runner(qtype, sets, arch))
+    assert type(fused.model.layers[0].self_attn.o_proj).__name__ == "QuantLinear"  # the blocks, no values
+    cache_type, window = (StaticKVCache, 128) if static else (KVCache, None)
+    want, want_cache = _layer_run(stock, cache_type, 1, depth, window)
+    got, got_cache = _layer_run(fused, cache_type, 1, depth, window)
+    assert (got - want).abs().max() / want.abs().max() < 2e-5
+    for name in ("keys", "values"):
+        assert torch.allclose(getattr(got_cache, name), getattr(want_cache, name), rtol=1e-5, atol=1e-5)
+    assert fused.counters["fused_layer"] == 1
+    _layer_run(fused, KVCache, 5, 33, None)  # verify rows: the stock layer over the blocks
+    assert fused.counters["fused_layer"] == 1 and fused.counters["quantized"] > 0
+
+
+def test_the_block_reading_layer_keeps_greedy_tokens_and_refuses_what_it_cannot_read() -> None:
+    pytest.importorskip("gguf")
+    prompt = list(range(3, 12))  # 9 rows: the prompt takes the stock layers over the blocks
+    stock = _blocks_runner("Q4_0", "quantized,packed_qkv,packed_gate_up")
+    fused = _fused(_blocks_runner("Q4_0", "quantized,packed_qkv,packed_gate_up"))
+    want = list(generate_step(stock, prompt, SamplingParams(), 5))
+    assert list(generate_step(fused, prompt, SamplingParams(), 5)) == want
+    assert fused.counters["fused_layer"] == 4 * 2  # every decode step, both layers; the prefill none
+    with pytest.raises(InputError, match="Q8_0 blocks"):
+        _fused(_blocks_runner("Q8_0", "quantized"))
+    with pytest.raises(InputError, match="per-head q/k norms beside quantized"):
+        _fused(_blocks_runner("Q4_0", "quantized", "qwen3"))
+
+
 def test_refuses_other_norms_and_compile() -> None:
     runner = _runner(arch="qwen3")
     runner.model.layers[1].self_attn.k_norm.eps = 1e-3
@@ -255,7 +313,7 @@ for pdl, rows, programs in ((pdl, rows, programs) for pdl in (False, True)
     consts_all = {"T": rows, "ROWS": t.rows, "G": 3, "RP": 64, "DP": 64, "SP": 4, "BN": t.bn, "BK": t.bk,
                   "ROUNDS": t.rounds, "STAGES": t.stages, "SPLITS": t.splits, "BLOCK": 64, "HQ": 16 if heads else 9,
                   "HKV": 8 if heads else 3, "DIM": 128 if heads else 64, "BP": t.bn, "HAS_BIAS": False,
-                  "QK_NORM": heads, "PDL": pdl}
+                  "QK_NORM": heads, "PDL": pdl, "QK": 0}
     kernels = (f._qkv_rope_cache,) + (() if heads else (f._gemv_residual, f._gate_up)) + (
         (f._attend, f._combine) if programs == 0 else ())
     for fn in kernels:
@@ -288,7 +346,7 @@ for pdl in (False, True):
     t = f._tiles(1, 4096, 4096)
     assert t.rounds > 1 and t.stages > 1, t
     consts = {"T": 1, "ROWS": 1, "BN": t.bn, "BK": t.bk, "ROUNDS": t.rounds, "STAGES": t.stages, "SPLITS": 1,
-              "PDL": pdl}
+              "PDL": pdl, "QK": 0}
     for fn in (f._gemv_residual, f._gate_up):
         names = fn.arg_names
         sig = {n: "constexpr" if n in consts else "*fp32" if n in FP32 else "*i32" if n in I32 else "*bf16"
@@ -306,6 +364,32 @@ for pdl in (False, True):
         inside = [i for start, end in loops for i in range(start, end) if "shfl.sync" in lines[i]]
         assert not inside, (fn.__name__, len(inside), "shuffles inside the rounds' loop")
         print(fn.__name__, pdl, "decode-8b", len(kernel.asm["cubin"]), len(loops))
+# the 8B's decode row over Q4_0 / Q4_1 blocks (quantized beside it): quants bytes, float16 scales and mins; the
+# rounds pipelined, each block's product summed in its thread, across blocks once after the loop
+BLOCKS = ("s_ptr", "m_ptr", "sg_ptr", "su_ptr", "mg_ptr", "mu_ptr")
+for pdl, qk in ((pdl, qk) for pdl in (False, True) for qk in (1, 2)):
+    t = f._tiles(1, 4096, 4096, True)
+    assert t.rounds > 1 and t.stages > 1 and t.bk % 32 == 0, t
+    consts = {"T": 1, "ROWS": 1, "BN": t.bn, "BP": t.bn, "BK": t.bk, "ROUNDS": t.rounds, "STAGES": t.stages,
+              "SPLITS": 1, "PDL": pdl, "QK": qk, "HQ": 32, "HKV": 8, "DIM": 128, "HAS_BIAS": False, "QK_NORM": False}
+    for fn in (f._qkv_rope_cache, f._gemv_residual, f._gate_up):
+        names = fn.arg_names
+        sig = {n: "constexpr" if n in consts else "*fp32" if n in FP32 else "*i64" if n in I64 else "*i32"
+               if n in I32 else "*u8" if n in ("w_ptr", "wg_ptr", "wu_ptr") else "*fp16" if n in BLOCKS else "*bf16"
+               if n.endswith("_ptr") else "fp32" if n == "eps" else "i32" for n in names}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n] not in ("constexpr", "fp32")}
+        kernel = triton.compile(ASTSource(fn, signature=sig, constexprs={n: consts[n] for n in names if n in consts},
+                                          attrs=attrs), target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl})
+        lines = kernel.asm["ptx"].splitlines()
+        assert any("cp.async" in line for line in lines), (fn.__name__, "block rounds not pipelined")
+        assert any("griddepcontrol.wait" in line for line in lines) == pdl, fn.__name__
+        labels = {m.group(1): i for i, line in enumerate(lines) for m in [re.match(r"(\\$L\\w+):", line.strip())] if m}
+        branches = [(i, re.search(r"bra(?:\\.uni)?\\s+([^;]+);", line)) for i, line in enumerate(lines)]
+        loops = [(labels[m.group(1)], i) for i, m in branches if m and labels.get(m.group(1), i) < i]
+        assert loops, (fn.__name__, "no loop over the rounds")
+        inside = [i for start, end in loops for i in range(start, end) if "shfl.sync" in lines[i]]
+        assert not inside, (fn.__name__, len(inside), "shuffles inside the block rounds' loop")
+        print(fn.__name__, pdl, "decode-8b-q4", qk, len(kernel.asm["cubin"]), len(loops))
 """
 
 
@@ -318,4 +402,4 @@ def test_every_kernel_builds_for_sm90() -> None:
     done = subprocess.run([sys.executable, "-c", SM90_BUILD], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     # PDL off and on: 3 GEMV kernels × 3, attention × 2, qwen3's q/k/v × 2
-    assert len(done.stdout.splitlines()) == 2 * (3 * 3 + 2 * 2 + 2) + 2 * 2
+    assert len(done.stdout.splitlines()) == 2 * (3 * 3 + 2 * 2 + 2) + 2 * 2 + 2 * 2 * 3

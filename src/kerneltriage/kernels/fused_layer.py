@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kerneltriage.kernels.quant_gemv import QuantWeight
+
 MAX_ROWS = 32  # decode (1) and speculative verify (k + 1 ≤ 32 for suffix:31) rows; prompts take the stock layer
 BN = 4  # output columns (q/k/v: rotation pairs) per GEMV program
 DOT_ROWS, DOT_BN, DOT_BK = 16, 16, 64  # from 16 padded rows the GEMVs use tl.dot (`_gemv2`), in these tiles,
@@ -46,6 +48,9 @@ STAGE_BYTES = 96 * 1024  # shared memory a head tile's pipelined rounds may take
 MAX_BLOCKS = 4096  # column blocks of one split-K GEMV at most (the semaphores: `_semaphores`)
 DECODE_BK, DECODE_STAGES = 512, 3  # a decode row's rounds where K takes more than one TILE (`_tiles`): a choice by
 # analogy with the Q4 GEMV's third shape, to be measured on the 8B
+QUANT_BK = 2048  # values of K per round for a decode row reading Q4 blocks (`_gemv2`'s QK: 64 blocks, 4 KB of a
+# 4-column tile, as many bytes a round as the bf16 rounds of 512): a choice by analogy, to be measured on the Q4_0 8B
+QK_KINDS = {"Q4_0": 1, "Q4_1": 2}  # the block types a decode row reads in place (`_gemv2`'s QK)
 TILE = 8192  # elements of a GEMV program's (rows, columns, K) tile per weight: registers, not shared memory
 WIDE = 8192  # weight elements a program holds at once above which it runs 8 warps instead of 4
 BLOCK_S = 64  # keys per attention tile
@@ -70,6 +75,71 @@ def _inv_rms(x_ptr, sx, r, r_ok, k, eps, ROWS: tl.constexpr, BK: tl.constexpr, R
         x = x.to(tl.float32)
         sq += x * x
     return tl.rsqrt(tl.sum(sq, 1) / k + eps)
+
+
+@triton.jit
+def _q4_products(q, d, m, xl, xh, QK: tl.constexpr):
+    """(BN, NB): each block's Σ w·x for a tile of Q4 blocks q (BN, NB, 16 bytes: values j in the low nibbles, j + 16
+    in the high ones) against x's two halves xl, xh (NB, 16), w = d·(q − 8) (Q4_0) or d·q + m (Q4_1) in float32 as
+    the reference dequantization (`quant_gemv.dequantized`) computes it."""
+    lo, hi = (q & 0x0F).to(tl.float32), (q >> 4).to(tl.float32)
+    if QK == 2:
+        return tl.sum(xl[None] * (d[:, :, None] * lo + m[:, :, None]) + xh[None] * (d[:, :, None] * hi + m[:, :, None]),
+                      2)
+    return tl.sum(xl[None] * (lo - 8.0) + xh[None] * (hi - 8.0), 2) * d
+
+
+@triton.jit
+def _gemv2_q4(x_ptr, wa_ptr, wb_ptr, sa_ptr, sb_ptr, ma_ptr, mb_ptr, sw, cols_a, cols_b, n_ok, k, eps, nw_ptr,
+              dt: tl.constexpr, NORM: tl.constexpr, TWO: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+              ROUNDS: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr, QK: tl.constexpr):
+    """`_gemv2` for one decode row whose weights are Q4 blocks (quants (N, K/2) bytes a row `sw` apart, scales and
+    Q4_1's mins (N, K/32) float16): each round BK values of K as BK/32 blocks of each of the BN columns, read once,
+    x's two halves of each block against their low and high nibbles; each block's product summed in place, across
+    blocks once after the loop."""
+    NB: tl.constexpr = BK // 32
+    j = tl.arange(0, 16)
+    wide_a = tl.zeros((BN, NB), tl.float32)
+    wide_b = tl.zeros((BN, NB), tl.float32)
+    ss = k // 32  # scales (and mins) a row
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # the rounds are pipelined: the wait goes first
+    if NORM and ROUNDS > 1:
+        inv = tl.sum(_inv_rms(x_ptr, 0, tl.arange(0, 1), tl.full((1,), True, tl.int1), k, eps, 1, BK, ROUNDS,
+                              STAGES), 0)
+    for i in tl.range(0, ROUNDS, num_stages=STAGES):
+        b = i * NB + tl.arange(0, NB)  # blocks of K
+        b_ok = b < ss
+        ok = n_ok[:, None] & b_ok[None, :]
+        qa = tl.load(wa_ptr + cols_a[:, None, None] * sw + (b[:, None] * 16 + j[None, :])[None], mask=ok[:, :, None],
+                     other=0)
+        da = tl.load(sa_ptr + cols_a[:, None] * ss + b[None, :], mask=ok, other=0.0).to(tl.float32)
+        mina = da
+        if QK == 2:
+            mina = tl.load(ma_ptr + cols_a[:, None] * ss + b[None, :], mask=ok, other=0.0).to(tl.float32)
+        if TWO:
+            qb = tl.load(wb_ptr + cols_b[:, None, None] * sw + (b[:, None] * 16 + j[None, :])[None],
+                         mask=ok[:, :, None], other=0)
+            db = tl.load(sb_ptr + cols_b[:, None] * ss + b[None, :], mask=ok, other=0.0).to(tl.float32)
+            minb = db
+            if QK == 2:
+                minb = tl.load(mb_ptr + cols_b[:, None] * ss + b[None, :], mask=ok, other=0.0).to(tl.float32)
+        at = b[:, None] * 32 + j[None, :]  # (NB, 16): x's values meeting the low nibbles; + 16 the high ones
+        xl = tl.load(x_ptr + at, mask=b_ok[:, None], other=0.0).to(tl.float32)
+        xh = tl.load(x_ptr + at + 16, mask=b_ok[:, None], other=0.0).to(tl.float32)
+        if NORM:
+            if ROUNDS == 1:
+                inv = tl.rsqrt((tl.sum(tl.sum(xl * xl, 1), 0) + tl.sum(tl.sum(xh * xh, 1), 0)) / k + eps)
+            nwl = tl.load(nw_ptr + at, mask=b_ok[:, None], other=0.0).to(tl.float32)
+            nwh = tl.load(nw_ptr + at + 16, mask=b_ok[:, None], other=0.0).to(tl.float32)
+            xl = _rnd(_rnd(xl * inv, dt) * nwl, dt)
+            xh = _rnd(_rnd(xh * inv, dt) * nwh, dt)
+        wide_a += _q4_products(qa, da, mina, xl, xh, QK)
+        if TWO:
+            wide_b += _q4_products(qb, db, minb, xl, xh, QK)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    return tl.reshape(tl.sum(wide_a, 1), (1, BN)), tl.reshape(tl.sum(wide_b, 1), (1, BN))
 
 
 @triton.jit
@@ -187,11 +257,12 @@ def _head_norm(lo, hi, head, j, p_ok, qn_ptr, kn_ptr, eps, HQ: tl.constexpr, HKV
 
 
 @triton.jit
-def _qkv_rope_cache(x_ptr, nw_ptr, w_ptr, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, ids_ptr, q_ptr, k_ptr, v_ptr,
-                    ws_ptr, sem_ptr, eps, hidden, sx, sw, sc, sq_t, sq_h, sk_h, sk_s, sv_h, sv_s,
+def _qkv_rope_cache(x_ptr, nw_ptr, w_ptr, s_ptr, m_ptr, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, ids_ptr, q_ptr,
+                    k_ptr, v_ptr, ws_ptr, sem_ptr, eps, hidden, sx, sw, sc, sq_t, sq_h, sk_h, sk_s, sv_h, sv_s,
                     T: tl.constexpr, ROWS: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, DIM: tl.constexpr,
                     BP: tl.constexpr, BK: tl.constexpr, ROUNDS: tl.constexpr, STAGES: tl.constexpr,
-                    SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr):
+                    SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr,
+                    QK: tl.constexpr):
     HALF: tl.constexpr = DIM // 2
     dt: tl.constexpr = q_ptr.dtype.element_ty
     # rotation pairs (j, j + HALF) of every head, q then k then v; QK_NORM: BP = HALF, one whole head per program
@@ -201,8 +272,12 @@ def _qkv_rope_cache(x_ptr, nw_ptr, w_ptr, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_pt
     lo_col = head * DIM + j
     r = tl.arange(0, ROWS)
     r_ok = r < T
-    lo, hi = _gemv2(x_ptr, sx, w_ptr, w_ptr, sw, lo_col, lo_col + HALF, p_ok, r, r_ok, hidden, eps, nw_ptr, dt,
-                    True, True, ROWS, BP, BK, ROUNDS, STAGES, SPLITS, PDL)
+    if QK:  # one decode row over Q4 blocks
+        lo, hi = _gemv2_q4(x_ptr, w_ptr, w_ptr, s_ptr, s_ptr, m_ptr, m_ptr, sw, lo_col, lo_col + HALF, p_ok, hidden,
+                           eps, nw_ptr, dt, True, True, BP, BK, ROUNDS, STAGES, PDL, QK)
+    else:
+        lo, hi = _gemv2(x_ptr, sx, w_ptr, w_ptr, sw, lo_col, lo_col + HALF, p_ok, r, r_ok, hidden, eps, nw_ptr, dt,
+                        True, True, ROWS, BP, BK, ROUNDS, STAGES, SPLITS, PDL)
     lo, hi, last = _split_sum(lo, hi, ws_ptr, sem_ptr, True, ROWS, BP, SPLITS)
     if HAS_BIAS:
         lo += tl.load(b_ptr + lo_col, mask=p_ok, other=0.0).to(tl.float32)[None, :]
@@ -314,13 +389,17 @@ def _tile(n, T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _gate_up(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ws_ptr, sem_ptr, eps, hidden, n, sx, sw, so,
-             T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ROUNDS: tl.constexpr,
-             STAGES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
+def _gate_up(x_ptr, nw_ptr, wg_ptr, wu_ptr, sg_ptr, su_ptr, mg_ptr, mu_ptr, out_ptr, ws_ptr, sem_ptr, eps, hidden, n,
+             sx, sw, so, T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ROUNDS: tl.constexpr,
+             STAGES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, QK: tl.constexpr):
     dt: tl.constexpr = out_ptr.dtype.element_ty
     cols, n_ok, r, r_ok = _tile(n, T, ROWS, BN)
-    gate, up = _gemv2(x_ptr, sx, wg_ptr, wu_ptr, sw, cols, cols, n_ok, r, r_ok, hidden, eps, nw_ptr, dt, True, True,
-                      ROWS, BN, BK, ROUNDS, STAGES, SPLITS, PDL)
+    if QK:
+        gate, up = _gemv2_q4(x_ptr, wg_ptr, wu_ptr, sg_ptr, su_ptr, mg_ptr, mu_ptr, sw, cols, cols, n_ok, hidden, eps,
+                             nw_ptr, dt, True, True, BN, BK, ROUNDS, STAGES, PDL, QK)
+    else:
+        gate, up = _gemv2(x_ptr, sx, wg_ptr, wu_ptr, sw, cols, cols, n_ok, r, r_ok, hidden, eps, nw_ptr, dt, True,
+                          True, ROWS, BN, BK, ROUNDS, STAGES, SPLITS, PDL)
     gate, up, last = _split_sum(gate, up, ws_ptr, sem_ptr, True, ROWS, BN, SPLITS)
     gate, up = _rnd(gate, dt), _rnd(up, dt)
     act = _rnd(gate * tl.sigmoid(gate), dt) * up
@@ -328,13 +407,17 @@ def _gate_up(x_ptr, nw_ptr, wg_ptr, wu_ptr, out_ptr, ws_ptr, sem_ptr, eps, hidde
 
 
 @triton.jit
-def _gemv_residual(x_ptr, w_ptr, res_ptr, out_ptr, ws_ptr, sem_ptr, k, n, sx, sw, sr, so,
+def _gemv_residual(x_ptr, w_ptr, s_ptr, m_ptr, res_ptr, out_ptr, ws_ptr, sem_ptr, k, n, sx, sw, sr, so,
                    T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ROUNDS: tl.constexpr,
-                   STAGES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
+                   STAGES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, QK: tl.constexpr):
     dt: tl.constexpr = out_ptr.dtype.element_ty
     cols, n_ok, r, r_ok = _tile(n, T, ROWS, BN)
-    y, _ = _gemv2(x_ptr, sx, w_ptr, w_ptr, sw, cols, cols, n_ok, r, r_ok, k, 0.0, x_ptr, dt, False, False, ROWS, BN,
-                  BK, ROUNDS, STAGES, SPLITS, PDL)
+    if QK:
+        y, _ = _gemv2_q4(x_ptr, w_ptr, w_ptr, s_ptr, s_ptr, m_ptr, m_ptr, sw, cols, cols, n_ok, k, 0.0, x_ptr, dt,
+                         False, False, BN, BK, ROUNDS, STAGES, PDL, QK)
+    else:
+        y, _ = _gemv2(x_ptr, sx, w_ptr, w_ptr, sw, cols, cols, n_ok, r, r_ok, k, 0.0, x_ptr, dt, False, False, ROWS,
+                      BN, BK, ROUNDS, STAGES, SPLITS, PDL)
     y, _, last = _split_sum(y, y, ws_ptr, sem_ptr, False, ROWS, BN, SPLITS)
     both = r_ok[:, None] & n_ok[None, :] & last
     res = tl.load(res_ptr + r[:, None] * sr + cols[None, :], mask=both, other=0.0).to(tl.float32)
@@ -385,13 +468,16 @@ def _k_splits(blocks: int, rounds: int) -> int:
     return next((d for d in divisors if blocks * d >= SPLIT_PROGRAMS), divisors[-1])
 
 
-def _tiles(rows: int, n: int, k: int) -> Tiles:
+def _tiles(rows: int, n: int, k: int, quant: bool = False) -> Tiles:
     """Tiles for a GEMV of `rows` rows, n output columns (q/k/v: rotation pairs) and K = k: whole K in one tile
     where the tile fits (one round of loads per program: these GEMVs are latency-bound), BN output columns per
     program (many programs: on the default model's 576-wide projections 4 columns per program gave 1,035 tok/s,
     8 gave 993 and 16 gave 835, and a tile of 8,192 or 32,768 elements the same 1,034; H200,
     `fused-layer-probe-h200-first.json`); a tl.dot tile's K split over programs (`_k_splits`)."""
     padded = triton.next_power_of_2(rows)
+    if quant:  # one decode row over Q4 blocks (`_gemv2_q4`): rounds of QUANT_BK values, DECODE_STAGES in flight
+        bk = min(triton.next_power_of_2(k), QUANT_BK)
+        return Tiles(1, BN, bk, triton.cdiv(k, bk), DECODE_STAGES)
     if padded >= DOT_ROWS:  # tl.dot: 16 columns at least, K in rounds of 64, 8 in flight — a graphed verify of the
         # default model (9 / 16 rows) took 741 / 814 µs so, 816 / 836 with rounds of 256 (3 in flight), 1,050 / 1,198
         # with one round of 256 at a time (the first choice), 2,419 / 1,371 with 512 (2 in flight); a plain step
@@ -425,32 +511,66 @@ def _head_tiles(rows: int, heads: int, half: int, k: int) -> Tiles:
     return Tiles(padded, half, bk, rounds // splits, stages, splits)
 
 
+Matrix = torch.Tensor | QuantWeight  # a projection's weight: its values, or Q4_0/Q4_1 blocks (decode rows only)
+
+
 class Weights(NamedTuple):
     """One layer's weights as the kernels read them (q, k, v stacked by rows in `qkv`); every matrix's rows are
-    contiguous, and gate and up share a row stride (`weights` checks)."""
+    contiguous, and gate and up share a row stride and a kind (`weights` checks). A matrix may be Q4_0/Q4_1 blocks
+    (`quant_gemv.QuantWeight`, the `quantized` lever's): the layer then takes decode rows only (`max_rows`)."""
 
     input_norm: torch.Tensor
-    qkv: torch.Tensor
+    qkv: Matrix
     qkv_bias: torch.Tensor | None
-    o_proj: torch.Tensor
+    o_proj: Matrix
     post_norm: torch.Tensor
-    gate: torch.Tensor
-    up: torch.Tensor
-    down: torch.Tensor
+    gate: Matrix
+    up: Matrix
+    down: Matrix
     eps: float  # every norm's, the per-head ones' too
     q_norm: torch.Tensor | None = None  # (head_dim,): per-head norms of q and k before RoPE (qwen3), or None
     k_norm: torch.Tensor | None = None
 
 
+MATRICES = ("qkv", "o_proj", "gate", "up", "down")
+
+
 def weights(**named: object) -> Weights:
     """Weights from keyword arguments, each matrix checked for the layout the kernels assume."""
     w = Weights(**named)
-    for name in ("qkv", "o_proj", "gate", "up", "down"):
-        if getattr(w, name).stride(1) != 1:
+    for name in MATRICES:
+        m = getattr(w, name)
+        if isinstance(m, QuantWeight):
+            n, k = m.shape
+            if m.qtype not in QK_KINDS:
+                raise ValueError(f"fused_layer: {name} is {m.qtype} blocks; expected {' or '.join(QK_KINDS)}")
+            parts = [m.quants, m.scales] + ([m.mins] if m.mins is not None else [])
+            if any(t.stride(1) != 1 for t in parts) or m.scales.stride(0) != k // 32 or m.quants.stride(0) != k // 2 \
+                    or (m.mins is not None and m.mins.stride(0) != k // 32):
+                raise ValueError(f"fused_layer: {name}'s blocks are not contiguous rows")
+        elif m.stride(1) != 1:
             raise ValueError(f"fused_layer: {name} weight rows are not contiguous")
-    if w.gate.stride(0) != w.up.stride(0):
-        raise ValueError("fused_layer: gate and up weights have different row strides")
+    if _kind(w.gate) != _kind(w.up) or _blocks(w.gate)[0].stride(0) != _blocks(w.up)[0].stride(0):
+        raise ValueError("fused_layer: gate and up weights differ in kind or row stride")
     return w
+
+
+def _kind(m: Matrix) -> int:
+    """0 for values, else the block type's QK (`_gemv2_q4`)."""
+    return QK_KINDS[m.qtype] if isinstance(m, QuantWeight) else 0
+
+
+def _blocks(m: Matrix) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(data, scales, mins) as the kernels take them: the quants, or the values with themselves as unread
+    placeholders; Q4_0's mins are its scales, unread."""
+    if isinstance(m, QuantWeight):
+        return m.quants, m.scales, m.mins if m.mins is not None else m.scales
+    return m, m, m
+
+
+def max_rows(w: Weights) -> int:
+    """The most rows this layer's kernels take: decode and verify rows, or one row where a matrix is blocks."""
+    return 1 if any(isinstance(getattr(w, name), QuantWeight) for name in MATRICES) else MAX_ROWS
 
 
 class Shape(NamedTuple):
@@ -503,17 +623,22 @@ def layer(x: torch.Tensor, w: Weights, shape: Shape, cos: torch.Tensor, sin: tor
     group, half = heads // kv_heads, dim // 2
     pairs = (heads + 2 * kv_heads) * half
     qk_norm = w.q_norm is not None and w.k_norm is not None
-    qkv = _head_tiles(rows, heads + 2 * kv_heads, half, hidden) if qk_norm else _tiles(rows, pairs, hidden)
+    if rows > max_rows(w):
+        raise ValueError(f"fused_layer: {rows} rows; a layer with blocks takes {max_rows(w)}")
+    qkv = _head_tiles(rows, heads + 2 * kv_heads, half, hidden) if qk_norm else _tiles(rows, pairs, hidden,
+                                                                                      bool(_kind(w.qkv)))
     q = x.new_empty(rows, heads, dim)
-    bias = w.qkv_bias if w.qkv_bias is not None else w.qkv
+    qkv_w, qkv_s, qkv_m = _blocks(w.qkv)
+    bias = w.qkv_bias if w.qkv_bias is not None else qkv_w
     q_norm, k_norm = (w.q_norm, w.k_norm) if qk_norm else (w.input_norm, w.input_norm)  # (never read without)
     sem = _semaphores(x.device)
     _qkv_rope_cache[qkv.grid(pairs)](
-        x, w.input_norm, w.qkv, bias, q_norm, k_norm, cos, sin, ids, q, keys, values, qkv.workspace(x, pairs, True),
-        sem, w.eps, hidden, x.stride(0), w.qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1), keys.stride(0),
-        keys.stride(1), values.stride(0), values.stride(1), T=rows, ROWS=qkv.rows, HQ=heads, HKV=kv_heads,
-        DIM=dim, BP=qkv.bn, BK=qkv.bk, ROUNDS=qkv.rounds, STAGES=qkv.stages, SPLITS=qkv.splits,
-        HAS_BIAS=w.qkv_bias is not None, QK_NORM=qk_norm, PDL=pdl, launch_pdl=pdl, num_warps=qkv.warps(True))
+        x, w.input_norm, qkv_w, qkv_s, qkv_m, bias, q_norm, k_norm, cos, sin, ids, q, keys, values,
+        qkv.workspace(x, pairs, True), sem, w.eps, hidden, x.stride(0), qkv_w.stride(0), cos.stride(0), q.stride(0),
+        q.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1), T=rows, ROWS=qkv.rows,
+        HQ=heads, HKV=kv_heads, DIM=dim, BP=qkv.bn, BK=qkv.bk, ROUNDS=qkv.rounds, STAGES=qkv.stages, SPLITS=qkv.splits,
+        HAS_BIAS=w.qkv_bias is not None, QK_NORM=qk_norm, PDL=pdl, QK=_kind(w.qkv), launch_pdl=pdl,
+        num_warps=qkv.warps(True))
     chunk, splits = _splits(upper, kv_heads, x.device)
     rp, dp = max(ROWS_MIN, triton.next_power_of_2(group * rows)), max(16, triton.next_power_of_2(dim))
     m = torch.empty(kv_heads * splits * rp, device=x.device, dtype=torch.float32)
@@ -529,22 +654,25 @@ def layer(x: torch.Tensor, w: Weights, shape: Shape, cos: torch.Tensor, sin: tor
     h = _residual(attended, w.o_proj, x, sem, pdl)
     inter = w.gate.shape[0]
     act = x.new_empty(rows, inter)
-    mlp = _tiles(rows, inter, hidden)
+    mlp = _tiles(rows, inter, hidden, bool(_kind(w.gate)))
+    (gate, gate_s, gate_m), (up, up_s, up_m) = _blocks(w.gate), _blocks(w.up)
     _gate_up[mlp.grid(inter)](
-        h, w.post_norm, w.gate, w.up, act, mlp.workspace(x, inter, True), sem, w.eps, hidden, inter, h.stride(0),
-        w.gate.stride(0), act.stride(0), T=rows, ROWS=mlp.rows, BN=mlp.bn, BK=mlp.bk, ROUNDS=mlp.rounds,
-        STAGES=mlp.stages, SPLITS=mlp.splits, PDL=pdl, launch_pdl=pdl, num_warps=mlp.warps(True))
+        h, w.post_norm, gate, up, gate_s, up_s, gate_m, up_m, act, mlp.workspace(x, inter, True), sem, w.eps, hidden,
+        inter, h.stride(0), gate.stride(0), act.stride(0), T=rows, ROWS=mlp.rows, BN=mlp.bn, BK=mlp.bk,
+        ROUNDS=mlp.rounds, STAGES=mlp.stages, SPLITS=mlp.splits, PDL=pdl, QK=_kind(w.gate), launch_pdl=pdl,
+        num_warps=mlp.warps(True))
     return _residual(act, w.down, h, sem, pdl)
 
 
-def _residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, sem: torch.Tensor,
+def _residual(x: torch.Tensor, weight: Matrix, residual: torch.Tensor, sem: torch.Tensor,
               pdl: bool) -> torch.Tensor:
     """residual + x · weightᵀ, the product rounded to the activation dtype first (as stock's linear, then add)."""
     (rows, k), n = x.shape, weight.shape[0]
     out = torch.empty_like(residual)
-    t = _tiles(rows, n, k)
-    _gemv_residual[t.grid(n)](x, weight, residual, out, t.workspace(x, n, False), sem, k, n, x.stride(0),
-                              weight.stride(0), residual.stride(0), out.stride(0), T=rows, ROWS=t.rows, BN=t.bn,
-                              BK=t.bk, ROUNDS=t.rounds, STAGES=t.stages, SPLITS=t.splits, PDL=pdl, launch_pdl=pdl,
-                              num_warps=t.warps(False))
+    t = _tiles(rows, n, k, bool(_kind(weight)))
+    data, scales, mins = _blocks(weight)
+    _gemv_residual[t.grid(n)](x, data, scales, mins, residual, out, t.workspace(x, n, False), sem, k, n, x.stride(0),
+                              data.stride(0), residual.stride(0), out.stride(0), T=rows, ROWS=t.rows, BN=t.bn,
+                              BK=t.bk, ROUNDS=t.rounds, STAGES=t.stages, SPLITS=t.splits, PDL=pdl, QK=_kind(weight),
+                              launch_pdl=pdl, num_warps=t.warps(False))
     return out

@@ -4,7 +4,8 @@ Triton kernels of `kernels/fused_layer.py`; prompts, tree verifies and batches k
 The layer reads its positions from the device (`Positions.ids`), so a graph replay at a new position needs no
 recapture, and attends over keys ≤ each row's position: the static cache's window and mask are not read, only
 the window's size bounds the grid. q, k and v are stacked once per layer; the originals become views into the
-stack (no second copy of the weights).
+stack (no second copy of the weights). Beside `quantized` the kernels read a layer's Q4_0/Q4_1 blocks in place for
+decode rows (verify rows then take the stock layer and its block GEMVs).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import nn
 from kerneltriage.backends.torch import counting
 from kerneltriage.backends.torch.cache import KVCache, StaticKVCache
 from kerneltriage.backends.torch.models.llama import MLP, Attention, RMSNorm, Step, TransformerBlock
+from kerneltriage.backends.torch.quantized import QuantLinear
 from kerneltriage.backends.torch.runner import Runner
 from kerneltriage.core.errors import InputError
 
@@ -56,16 +58,31 @@ def _adjacent(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     return first.as_strided((rows, *first.shape[1:]), first.stride())
 
 
-def _weights(block: TransformerBlock):  # noqa: ANN202 - kernels.fused_layer.Weights
+def _stack_blocks(runner: Runner, module: nn.Module, names: tuple[str, ...]):  # noqa: ANN202 - QuantWeight, bias
+    """The blocks of `names` (QuantLinears) stacked by rows: packed_qkv's stack where it made one, else a new one
+    whose rows the parts then view (`QuantLinear.stacked`: nothing held twice)."""
+    parts = [getattr(module, name) for name in names]
+    packed = getattr(module, f"packed_{'_'.join(names)}", None)
+    whole = packed if isinstance(packed, QuantLinear) else QuantLinear.stacked(runner, parts)
+    return whole.quant, whole.bias.detach() if whole.bias is not None else None
+
+
+def _matrix(linear: nn.Module):  # noqa: ANN202 - kernels.fused_layer.Matrix
+    return linear.quant if isinstance(linear, QuantLinear) else linear.weight.detach()
+
+
+def _weights(runner: Runner, block: TransformerBlock):  # noqa: ANN202 - kernels.fused_layer.Weights
     from kerneltriage.kernels.fused_layer import weights
 
     attn, mlp = block.self_attn, block.mlp
-    qkv, bias = _stack(attn, ("q_proj", "k_proj", "v_proj"))
+    names = ("q_proj", "k_proj", "v_proj")
+    blocks = isinstance(attn.q_proj, QuantLinear)
+    qkv, bias = _stack_blocks(runner, attn, names) if blocks else _stack(attn, names)
     q_norm, k_norm = (attn.q_norm.weight.detach(), attn.k_norm.weight.detach()) if _qk_norms(attn) else (None, None)
     return weights(input_norm=block.input_layernorm.weight.detach(), qkv=qkv, qkv_bias=bias,
-                   o_proj=attn.o_proj.weight.detach(), post_norm=block.post_attention_layernorm.weight.detach(),
-                   gate=mlp.gate_proj.weight.detach(), up=mlp.up_proj.weight.detach(),
-                   down=mlp.down_proj.weight.detach(), eps=block.input_layernorm.eps, q_norm=q_norm, k_norm=k_norm)
+                   o_proj=_matrix(attn.o_proj), post_norm=block.post_attention_layernorm.weight.detach(),
+                   gate=_matrix(mlp.gate_proj), up=_matrix(mlp.up_proj), down=_matrix(mlp.down_proj),
+                   eps=block.input_layernorm.eps, q_norm=q_norm, k_norm=k_norm)
 
 
 def _qk_norms(attn: Attention) -> bool:
@@ -89,6 +106,18 @@ def _takes(block: TransformerBlock) -> str | None:
         return f"per-head q/k norms with head_dim {attn.head_dim}, not a power of two"
     if _qk_norms(attn) and not attn.q_norm.eps == attn.k_norm.eps == block.input_layernorm.eps:
         return "per-head q/k norms whose eps differs from the layer norms'"
+    projections = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, block.mlp.gate_proj, block.mlp.up_proj,
+                   block.mlp.down_proj]
+    blocks = [p for p in projections if isinstance(p, QuantLinear)]
+    if blocks and _qk_norms(attn):
+        return "per-head q/k norms beside quantized blocks (their tiles read values only)"
+    if any(p.qtype not in ("Q4_0", "Q4_1") for p in blocks):
+        return f"{sorted({p.qtype for p in blocks} - {'Q4_0', 'Q4_1'})[0]} blocks (it reads Q4_0 and Q4_1 in place)"
+    kinds = [isinstance(p, QuantLinear) for p in projections]
+    if len(set(kinds[:3])) > 1 or (isinstance(attn.q_proj, QuantLinear)
+                                   and not QuantLinear.stackable(projections[:3])) or kinds[4] != kinds[5] \
+            or (kinds[4] and projections[4].qtype != projections[5].qtype):
+        return "q, k and v (or gate and up) of different kinds"
     return None
 
 
@@ -97,14 +126,14 @@ class FusedForward:
     programmatic dependent launch, the `pdl` lever)."""
 
     def __init__(self, runner: Runner, block: TransformerBlock, weights, stock: Callable) -> None:  # noqa: ANN001
-        from kerneltriage.kernels.fused_layer import MAX_ROWS, Shape, layer
+        from kerneltriage.kernels.fused_layer import Shape, layer, max_rows
 
         self.runner, self.weights, self.stock = runner, weights, stock
         self.layer = layer
         attn = block.self_attn
         self.shape = Shape(attn.num_heads, attn.num_kv_heads, attn.head_dim)
         self.pdl = False
-        self.max_rows = MAX_ROWS
+        self.max_rows = max_rows(weights)  # one row where the layer reads blocks
 
     def __call__(self, x: torch.Tensor, index: int, step: Step) -> torch.Tensor:
         batch, rows, _ = x.shape
@@ -132,9 +161,9 @@ def fused_layer(runner: Runner, value: str | None = None) -> None:
         why = _takes(block)
         if why is not None:
             raise InputError(f"--levers {LEVER}: a {runner.config.arch} model has {why}; expected llama, qwen2 or "
-                             "qwen3 layers")
+                             "qwen3 layers (with quantized: llama or qwen2 over Q4_0/Q4_1 blocks)")
     for block in runner.model.layers:
-        block.forward = FusedForward(runner, block, _weights(block), block.forward)
+        block.forward = FusedForward(runner, block, _weights(runner, block), block.forward)
     runner.no_compile = LEVER
 
 
