@@ -40,6 +40,8 @@
 #   llama-build build llama.cpp's llama-bench from $LLAMA_SRC (CUDA, for $LLAMA_ARCH only; ~5 min for all) for
 #               PEERS=llama.cpp
 #   index       benchmarks/tools/results_index.py over $OUT    -> $OUT/INDEX.md
+#   placeholders  the machine's own paths in $OUT's .json/.txt/.md files written as $KERNELTRIAGE_CACHE, $OUT, the
+#               tree's folder name, $VENV, $TMPDIR and ~ (run it last: results are committed without machine paths)
 #
 # Settings (environment; defaults in brackets):
 #   OUT [benchmarks/results]  MODEL [default]  NAME [$MODEL]  DEV [the GPU's short name, e.g. h200; else cpu]
@@ -147,6 +149,12 @@ run_step() {
         -DCMAKE_CUDA_ARCHITECTURES=${LLAMA_ARCH:-native} > /dev/null \
         && cmake --build '$LLAMA_SRC/build' --target llama-bench -j $(nproc) > /dev/null" ;;
     index) step python3 benchmarks/tools/results_index.py --dir "$OUT" --write ;;
+    placeholders) local f venv out; venv=$(python3 -c 'import sys; print(sys.prefix)'); out=$(realpath "$OUT")
+      for f in "$OUT"/*.json "$OUT"/*.txt "$OUT"/*.md; do
+        [ -f "$f" ] && sed -i -e "${KERNELTRIAGE_CACHE:+s#$KERNELTRIAGE_CACHE#\$KERNELTRIAGE_CACHE#g}" \
+          -e "s#$out#\$OUT#g" -e "s#$venv#\$VENV#g" -e "s#$PWD#$(basename "$PWD")#g" \
+          -e "s#${TMPDIR:-/tmp}/#\$TMPDIR/#g" -e "s#$HOME/#~/#g" "$f"
+      done ;;
     *) echo "device_run.sh: unknown step '$1' (bash benchmarks/tools/device_run.sh --help lists them)" >&2; exit 2 ;;
   esac
 }
