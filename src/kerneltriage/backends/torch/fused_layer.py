@@ -109,6 +109,8 @@ def _takes(block: TransformerBlock) -> str | None:
     projections = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, block.mlp.gate_proj, block.mlp.up_proj,
                    block.mlp.down_proj]
     blocks = [p for p in projections if isinstance(p, QuantLinear)]
+    if any(type(p) is not QuantLinear for p in blocks):
+        return "blocks repacked for the CPU's int4 matmul (it reads the CUDA layout)"
     if blocks and _qk_norms(attn):
         return "per-head q/k norms beside quantized blocks (their tiles read values only)"
     if any(p.qtype not in ("Q4_0", "Q4_1") for p in blocks):
