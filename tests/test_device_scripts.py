@@ -38,3 +38,30 @@ def test_device_prep_help_and_a_missing_interpreter(tmp_path: Path) -> None:
     assert done.returncode == 0 and "device_prep.sh whl" in done.stdout and not list(tmp_path.iterdir())
     done = _run("device_prep.sh", cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PY": str(tmp_path / "no-python")})
     assert done.returncode == 2 and "no-python: not found" in done.stderr
+
+
+def test_placeholders_write_the_machines_paths_as_names(tmp_path: Path) -> None:
+    """A result's absolute paths (the cache, $OUT, the tree, the temporary folder, the home) come back as names, and
+    what is no path stays as it was."""
+    out, cache, home, tmp = (tmp_path / name for name in ("out", "cache", "home", "tmp"))
+    out.mkdir()
+    result = out / "r.json"
+    result.write_text(f'{{"model": "{cache}/models/m.gguf", "ledger": "{out}/ledger.db", "src": "{ROOT}/src", '
+                      f'"tmp": "{tmp}/x.gguf", "home": "{home}/y", "rate": 1.5}}\n')
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(out), "KERNELTRIAGE_CACHE": str(cache), "HOME": str(home),
+           "TMPDIR": str(tmp)}
+    done = _run("device_run.sh", "placeholders", cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr
+    assert result.read_text() == ('{"model": "$KERNELTRIAGE_CACHE/models/m.gguf", "ledger": "$OUT/ledger.db", '
+                                  f'"src": "{ROOT.name}/src", "tmp": "$TMPDIR/x.gguf", "home": "~/y", "rate": 1.5}}\n')
+
+
+def test_fused_tiles_refuses_bad_settings_in_one_line() -> None:
+    import sys
+
+    tool = [sys.executable, str(TOOLS / "fused_tiles.py"), "--levers"]
+    for args, said in ((["last_logits"], "expected fused_layer among them"),
+                       (["fused_layer", "--set", "QUANT_BK=1024,NOPE=2"], "'NOPE' is no integer constant"),
+                       (["fused_layer", "--set", "BN=0"], "BN='0': expected a positive integer")):
+        done = subprocess.run([*tool, *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

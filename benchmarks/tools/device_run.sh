@@ -37,6 +37,8 @@
 #               (and with each of $GEMV_TILES: the quantized GEMV's tiles, BN:VALUES:WARPS:STAGES)
 #               -> gemv-$NAME-$DEV$TAG.json
 #   kernels     kerneltriage kernel run for each of $KERNELS   -> kernel-NAME-$DEV.txt
+#   fused-tiles $LEVERS' decode (tg128) with each of $FUSED_SETS' fused_layer constants, e.g. "QUANT_BK=1024
+#               QUANT_BK=1024,BN=8" (the defaults first; fused_tiles.py)    -> fused-tiles-$NAME-$DEV$TAG.json
 #   llama-build build llama.cpp's llama-bench from $LLAMA_SRC (CUDA, for $LLAMA_ARCH only; ~5 min for all) for
 #               PEERS=llama.cpp
 #   index       benchmarks/tools/results_index.py over $OUT    -> $OUT/INDEX.md
@@ -139,6 +141,9 @@ run_step() {
     gemv) local t tiles=(); for t in ${GEMV_TILES:-}; do tiles+=(--tiles "$t"); done
       step python3 benchmarks/tools/gemv_sweep.py --model "$MODEL" --levers "$LEVERS" "${tiles[@]}" "${extra[@]}" \
         --out "$OUT/gemv-$NAME-$DEV$TAG.json" ;;
+    fused-tiles) local t sets=(--set ""); for t in ${FUSED_SETS:-}; do sets+=(--set "$t"); done
+      step python3 benchmarks/tools/fused_tiles.py --model "$MODEL" --levers "$LEVERS" "${sets[@]}" "${extra[@]}" \
+        --out "$OUT/fused-tiles-$NAME-$DEV$TAG.json" ;;
     kernels) for k in ${KERNELS:-kerneltriage.kernels.rmsnorm:RMSNORM}; do
         local short=${k%%:*}; short=${short##*.}
         step "${kt[@]}" kernel run --kernel "$k" --model "$MODEL" "${extra[@]}" --ledger "$LEDGER" \
@@ -151,7 +156,8 @@ run_step() {
     index) step python3 benchmarks/tools/results_index.py --dir "$OUT" --write ;;
     placeholders) local f venv out; venv=$(python3 -c 'import sys; print(sys.prefix)'); out=$(realpath "$OUT")
       for f in "$OUT"/*.json "$OUT"/*.txt "$OUT"/*.md; do
-        [ -f "$f" ] && sed -i -e "${KERNELTRIAGE_CACHE:+s#$KERNELTRIAGE_CACHE#\$KERNELTRIAGE_CACHE#g}" \
+        [ -f "$f" ] || continue
+        sed -i -e "${KERNELTRIAGE_CACHE:+s#$KERNELTRIAGE_CACHE#\$KERNELTRIAGE_CACHE#g}" \
           -e "s#$out#\$OUT#g" -e "s#$venv#\$VENV#g" -e "s#$PWD#$(basename "$PWD")#g" \
           -e "s#${TMPDIR:-/tmp}/#\$TMPDIR/#g" -e "s#$HOME/#~/#g" "$f"
       done ;;
