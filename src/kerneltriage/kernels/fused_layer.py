@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kerneltriage.kernels.quant_gemv import QuantWeight
+from kerneltriage.kernels.quant_gemv import KINDS, QuantWeight, q4_products
 
 MAX_ROWS = 32  # decode (1) and speculative verify (k + 1 ≤ 32 for suffix:31) rows; prompts take the stock layer
 BN = 4  # output columns (q/k/v: rotation pairs) per GEMV program
@@ -50,7 +50,8 @@ DECODE_BK, DECODE_STAGES = 512, 3  # a decode row's rounds where K takes more th
 # analogy with the Q4 GEMV's third shape, to be measured on the 8B
 QUANT_BK = 2048  # values of K per round for a decode row reading Q4 blocks (`_gemv2`'s QK: 64 blocks, 4 KB of a
 # 4-column tile, as many bytes a round as the bf16 rounds of 512): a choice by analogy, to be measured on the Q4_0 8B
-QK_KINDS = {"Q4_0": 1, "Q4_1": 2}  # the block types a decode row reads in place (`_gemv2`'s QK)
+QK_KINDS = {name: KINDS[name] + 1 for name in ("Q4_0", "Q4_1")}  # the block types a decode row reads in place
+# (`_gemv2_q4`'s QK: quant_gemv's kind + 1; 0 is a matrix of values)
 TILE = 8192  # elements of a GEMV program's (rows, columns, K) tile per weight: registers, not shared memory
 WIDE = 8192  # weight elements a program holds at once above which it runs 8 warps instead of 4
 BLOCK_S = 64  # keys per attention tile
@@ -75,18 +76,6 @@ def _inv_rms(x_ptr, sx, r, r_ok, k, eps, ROWS: tl.constexpr, BK: tl.constexpr, R
         x = x.to(tl.float32)
         sq += x * x
     return tl.rsqrt(tl.sum(sq, 1) / k + eps)
-
-
-@triton.jit
-def _q4_products(q, d, m, xl, xh, QK: tl.constexpr):
-    """(BN, NB): each block's Σ w·x for a tile of Q4 blocks q (BN, NB, 16 bytes: values j in the low nibbles, j + 16
-    in the high ones) against x's two halves xl, xh (NB, 16), w = d·(q − 8) (Q4_0) or d·q + m (Q4_1) in float32 as
-    the reference dequantization (`quant_gemv.dequantized`) computes it."""
-    lo, hi = (q & 0x0F).to(tl.float32), (q >> 4).to(tl.float32)
-    if QK == 2:
-        return tl.sum(xl[None] * (d[:, :, None] * lo + m[:, :, None]) + xh[None] * (d[:, :, None] * hi + m[:, :, None]),
-                      2)
-    return tl.sum(xl[None] * (lo - 8.0) + xh[None] * (hi - 8.0), 2) * d
 
 
 @triton.jit
@@ -134,9 +123,9 @@ def _gemv2_q4(x_ptr, wa_ptr, wb_ptr, sa_ptr, sb_ptr, ma_ptr, mb_ptr, sw, cols_a,
             nwh = tl.load(nw_ptr + at + 16, mask=b_ok[:, None], other=0.0).to(tl.float32)
             xl = _rnd(_rnd(xl * inv, dt) * nwl, dt)
             xh = _rnd(_rnd(xh * inv, dt) * nwh, dt)
-        wide_a += _q4_products(qa, da, mina, xl, xh, QK)
+        wide_a += q4_products(qa, da, mina, xl[None], xh[None], QK - 1)
         if TWO:
-            wide_b += _q4_products(qb, db, minb, xl, xh, QK)
+            wide_b += q4_products(qb, db, minb, xl[None], xh[None], QK - 1)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     return tl.reshape(tl.sum(wide_a, 1), (1, BN)), tl.reshape(tl.sum(wide_b, 1), (1, BN))

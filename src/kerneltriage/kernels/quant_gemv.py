@@ -87,6 +87,18 @@ TILES = Tiles()  # what quant_gemv launches with (gemv_sweep.py --tiles sets oth
 
 
 @triton.jit
+def q4_products(q, d, m, xl, xh, KIND: tl.constexpr):
+    """(…, BN, BB): each block's Σ w·x over a tile of Q4 blocks q (BN, BB, 16 bytes: value j of a block in the low
+    nibble of its byte j, value j + 16 in the high one) against x's two halves xl, xh (broadcast to q's last two
+    dimensions, with any rows ahead), w = d·(q − 8) (Q4_0, KIND 0) or d·q + m (Q4_1, KIND 1) in float32, as
+    `dequantized` computes it (the scales d and mins m: (BN, BB))."""
+    low, high = (q & 0x0F).to(tl.float32), (q >> 4).to(tl.float32)
+    if KIND == 1:  # d·q + m per value, as the reference dequantizes
+        return tl.sum(xl * (d[:, :, None] * low + m[:, :, None]) + xh * (d[:, :, None] * high + m[:, :, None]), -1)
+    return tl.sum(xl * (low - 8.0) + xh * (high - 8.0), -1) * d
+
+
+@triton.jit
 def _quant_gemv(x_ptr, scale_ptr, min_ptr, q_ptr, out_ptr, rows, n, sx, so, NBLOCKS: tl.constexpr,
                 KIND: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, STAGES: tl.constexpr):
     """BN output rows a program; each step reads BB blocks of each as their bytes, once (a Q4 byte holds a block's
@@ -123,14 +135,10 @@ def _quant_gemv(x_ptr, scale_ptr, min_ptr, q_ptr, out_ptr, rows, n, sx, so, NBLO
             acc += tl.sum(x * q.to(tl.float32), axis=-1) * d
         else:
             x_high = tl.load(x_ptr + at + 16, mask=x_ok, other=0.0).to(tl.float32)  # values 16..31 of each block
-            low, high = (q & 0x0F).to(tl.float32), (q >> 4).to(tl.float32)
-            if KIND == 1:  # d·q + m per value, as the reference dequantizes
+            m = d
+            if KIND == 1:
                 m = tl.load(min_ptr + cols[:, None] * NBLOCKS + blocks[None, :], mask=ok, other=0.0).to(tl.float32)
-                w_low = d[:, :, None] * low + m[:, :, None]
-                w_high = d[:, :, None] * high + m[:, :, None]
-                acc += tl.sum(x * w_low + x_high * w_high, axis=-1)
-            else:
-                acc += tl.sum(x * (low - 8.0) + x_high * (high - 8.0), axis=-1) * d
+            acc += q4_products(q, d, m, x, x_high, KIND)
     if ROWS == 1:
         out = tl.sum(acc, axis=1)[None, :]
     else:
