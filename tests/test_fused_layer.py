@@ -340,56 +340,35 @@ for pdl, rows, programs in ((pdl, rows, programs) for pdl in (False, True)
             shares = max(i for i in range(counts[0]) if "st.global" in ptx[i])  # the last share stored
             assert any("bar.sync" in line for line in ptx[shares:counts[0]]), (fn.__name__, "count before shares")
         print(fn.__name__, pdl, rows, len(kernel.asm["cubin"]), len(copies))
-# an 8B's decode row (K = 4,096 in several rounds): the rounds pipelined, the products summed in place, across the
-# threads once after the loop (a shuffle tree per output, not per round)
-for pdl in (False, True):
-    t = f._tiles(1, 4096, 4096)
+# an 8B's decode row (K = 4,096 in several rounds), its weights as values (bf16) or as Q4_0 / Q4_1 blocks (quants
+# bytes, float16 scales and mins: quantized beside it): the rounds pipelined, the products summed in place (a block's
+# in its thread), across the threads once after the loop (a shuffle tree per output, not per round)
+BLOCKS = ("s_ptr", "m_ptr", "sg_ptr", "su_ptr", "mg_ptr", "mu_ptr")
+for pdl, qk in ((pdl, qk) for pdl in (False, True) for qk in (0, 1, 2)):
+    t = f._tiles(1, 4096, 4096, bool(qk))
     assert t.rounds > 1 and t.stages > 1, t
-    consts = {"T": 1, "ROWS": 1, "BN": t.bn, "BK": t.bk, "ROUNDS": t.rounds, "STAGES": t.stages, "SPLITS": 1,
-              "PDL": pdl, "QK": 0}
-    for fn in (f._gemv_residual, f._gate_up):
+    consts = {"T": 1, "ROWS": 1, "BN": t.bn, "BP": t.bn, "BK": t.bk, "ROUNDS": t.rounds, "STAGES": t.stages,
+              "SPLITS": 1, "PDL": pdl, "QK": qk, "HQ": 32, "HKV": 8, "DIM": 128, "HAS_BIAS": False, "QK_NORM": False}
+    for fn in ((f._qkv_rope_cache,) if qk else ()) + (f._gemv_residual, f._gate_up):
         names = fn.arg_names
-        sig = {n: "constexpr" if n in consts else "*fp32" if n in FP32 else "*i32" if n in I32 else "*bf16"
-               if n.endswith("_ptr") else "fp32" if n == "eps" else "i32" for n in names}
+        sig = {n: "constexpr" if n in consts else "*fp32" if n in FP32 else "*i64" if n in I64 else "*i32"
+               if n in I32 else "*u8" if qk and n in ("w_ptr", "wg_ptr", "wu_ptr") else "*fp16"
+               if qk and n in BLOCKS else "*bf16" if n.endswith("_ptr") else "fp32" if n == "eps" else "i32"
+               for n in names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n] not in ("constexpr", "fp32")}
         kernel = triton.compile(ASTSource(fn, signature=sig, constexprs={n: consts[n] for n in names if n in consts},
                                           attrs=attrs), target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl})
         lines = kernel.asm["ptx"].splitlines()
-        assert any("cp.async" in line for line in lines), (fn.__name__, "decode rounds not pipelined")
+        assert any("cp.async" in line for line in lines), (fn.__name__, qk, "decode rounds not pipelined")
+        assert any("griddepcontrol.wait" in line for line in lines) == pdl, fn.__name__
         labels = {m.group(1): i for i, line in enumerate(lines) for m in [re.match(r"(\\$L\\w+):", line.strip())] if m}
         branches = [(i, re.search(r"bra(?:\\.uni)?\\s+([^;]+);", line)) for i, line in enumerate(lines)]
         loops = [(labels[m.group(1)], i) for i, m in branches
                  if m and labels.get(m.group(1), i) < i]  # back edges: a branch to a label above it
-        assert loops, (fn.__name__, "no loop over the rounds")
+        assert loops, (fn.__name__, qk, "no loop over the rounds")
         inside = [i for start, end in loops for i in range(start, end) if "shfl.sync" in lines[i]]
-        assert not inside, (fn.__name__, len(inside), "shuffles inside the rounds' loop")
-        print(fn.__name__, pdl, "decode-8b", len(kernel.asm["cubin"]), len(loops))
-# the 8B's decode row over Q4_0 / Q4_1 blocks (quantized beside it): quants bytes, float16 scales and mins; the
-# rounds pipelined, each block's product summed in its thread, across blocks once after the loop
-BLOCKS = ("s_ptr", "m_ptr", "sg_ptr", "su_ptr", "mg_ptr", "mu_ptr")
-for pdl, qk in ((pdl, qk) for pdl in (False, True) for qk in (1, 2)):
-    t = f._tiles(1, 4096, 4096, True)
-    assert t.rounds > 1 and t.stages > 1 and t.bk % 32 == 0, t
-    consts = {"T": 1, "ROWS": 1, "BN": t.bn, "BP": t.bn, "BK": t.bk, "ROUNDS": t.rounds, "STAGES": t.stages,
-              "SPLITS": 1, "PDL": pdl, "QK": qk, "HQ": 32, "HKV": 8, "DIM": 128, "HAS_BIAS": False, "QK_NORM": False}
-    for fn in (f._qkv_rope_cache, f._gemv_residual, f._gate_up):
-        names = fn.arg_names
-        sig = {n: "constexpr" if n in consts else "*fp32" if n in FP32 else "*i64" if n in I64 else "*i32"
-               if n in I32 else "*u8" if n in ("w_ptr", "wg_ptr", "wu_ptr") else "*fp16" if n in BLOCKS else "*bf16"
-               if n.endswith("_ptr") else "fp32" if n == "eps" else "i32" for n in names}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n] not in ("constexpr", "fp32")}
-        kernel = triton.compile(ASTSource(fn, signature=sig, constexprs={n: consts[n] for n in names if n in consts},
-                                          attrs=attrs), target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl})
-        lines = kernel.asm["ptx"].splitlines()
-        assert any("cp.async" in line for line in lines), (fn.__name__, "block rounds not pipelined")
-        assert any("griddepcontrol.wait" in line for line in lines) == pdl, fn.__name__
-        labels = {m.group(1): i for i, line in enumerate(lines) for m in [re.match(r"(\\$L\\w+):", line.strip())] if m}
-        branches = [(i, re.search(r"bra(?:\\.uni)?\\s+([^;]+);", line)) for i, line in enumerate(lines)]
-        loops = [(labels[m.group(1)], i) for i, m in branches if m and labels.get(m.group(1), i) < i]
-        assert loops, (fn.__name__, "no loop over the rounds")
-        inside = [i for start, end in loops for i in range(start, end) if "shfl.sync" in lines[i]]
-        assert not inside, (fn.__name__, len(inside), "shuffles inside the block rounds' loop")
-        print(fn.__name__, pdl, "decode-8b-q4", qk, len(kernel.asm["cubin"]), len(loops))
+        assert not inside, (fn.__name__, qk, len(inside), "shuffles inside the rounds' loop")
+        print(fn.__name__, pdl, "decode-8b", qk, len(kernel.asm["cubin"]), len(loops))
 """
 
 
