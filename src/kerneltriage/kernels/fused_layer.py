@@ -48,7 +48,7 @@ STAGE_BYTES = 96 * 1024  # shared memory a head tile's pipelined rounds may take
 MAX_BLOCKS = 4096  # column blocks of one split-K GEMV at most (the semaphores: `_semaphores`)
 DECODE_BK, DECODE_STAGES = 512, 3  # a decode row's rounds where K takes more than one TILE (`_tiles`): a choice by
 # analogy with the Q4 GEMV's third shape, to be measured on the 8B
-QUANT_BK = 2048  # values of K per round for a decode row reading Q4 blocks (`_gemv2`'s QK: 64 blocks, 4 KB of a
+QUANT_BK = 1024  # values of K per round for a decode row reading Q4 blocks (`_gemv2`'s QK: 64 blocks, 4 KB of a
 # 4-column tile, as many bytes a round as the bf16 rounds of 512): a choice by analogy, to be measured on the Q4_0 8B
 QK_KINDS = {name: KINDS[name] + 1 for name in ("Q4_0", "Q4_1")}  # the block types a decode row reads in place
 # (`_gemv2_q4`'s QK: quant_gemv's kind + 1; 0 is a matrix of values)
