@@ -7,6 +7,7 @@ of a shape is cycled through, so none stays in L2, and the calls are captured in
     python benchmarks/tools/gemv_sweep.py --model llama3-8b --levers packed_qkv,packed_gate_up   (cuBLAS, bf16)
     python benchmarks/tools/gemv_sweep.py --model /tmp/llama3-8b-q4_0.gguf --levers quantized \
         --tiles 8:8192:4:3 --tiles 4:8192:4:4 --tiles 16:16384:8:3    (the GEMV's tiles: BN:VALUES:WARPS:STAGES)
+    python benchmarks/tools/gemv_sweep.py --model /tmp/llama3-8b-q4_0.gguf --levers quantized,q8_dot   (integer GEMV)
 
 Prints one line per shape; --out writes the rows with the ceilings and the environment (git sha, dirty flag).
 """
@@ -27,7 +28,8 @@ def main() -> int:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--rows", default="1", help="comma-separated row counts M (default 1: decode's GEMV)")
     parser.add_argument("--tiles", action="append", default=[], metavar="BN:VALUES:WARPS:STAGES",
-                        help="time the quantized GEMV with these tiles (repeatable; kernels/quant_gemv.py Tiles)")
+                        help="time the quantized GEMV with these tiles (repeatable; kernels/quant_gemv.py Tiles, "
+                        "q8_gemv.py's too)")
     parser.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = parser.parse_args()
     from kerneltriage.core.environment import capture_environment
@@ -62,10 +64,10 @@ def main() -> int:
     ceilings = backend.ceilings(device, dtype)
     found = []
     for tile in tiles or [None]:
-        if tile is not None:
-            from kerneltriage.kernels import quant_gemv
+        if tile is not None:  # both GEMVs' (under q8_dot the decode row takes the integer one)
+            from kerneltriage.kernels import q8_gemv, quant_gemv
 
-            quant_gemv.TILES = quant_gemv.Tiles(*tile)
+            quant_gemv.TILES = q8_gemv.TILES = quant_gemv.Tiles(*tile)
         for curve in backend.sweep_projections(runner, rows):
             row = {"name": curve.name, "k": curve.k, "n": curve.n, "weight_bytes": curve.weight_bytes,
                    "weights_cycled": curve.weights, "rows": list(curve.rows),

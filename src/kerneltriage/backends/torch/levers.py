@@ -108,6 +108,7 @@ APPLIERS: dict[str, Applier] = {
     "graphs": lambda runner, value: accelerate.graphs(runner),
     "vocab_compact": lambda runner, value: vocab_compact.vocab_compact(runner),
     "int4mm": quantized.int4mm,
+    "q8_dot": quantized.q8_dot,
     "one_sync": one_sync,
 }
 

@@ -5,7 +5,8 @@ reference) takes each projection's dequantized values.
 
 - CUDA (`QuantLinear`): the blocks on the device (`kernels/quant_gemv.py`): decode and verify rows (≤ 16) through a
   Triton GEMV, prompts through the weight dequantized for the call and a GEMM. The CPU runs the same under Triton's
-  interpreter when TRITON_INTERPRET=1 (the tests of that kernel).
+  interpreter when TRITON_INTERPRET=1 (the tests of that kernel). Beside it, `int4mm` sends the decode and verify
+  rows through CUDA's int4 matmul, or `q8_dot` the decode row through an integer GEMV (`kernels/q8_gemv.py`).
 - CPU (`Int4Linear`): the blocks repacked for torch's int4 CPU matmul (`int4.py`), which is vectorized only for
   bf16 activations: a bf16 model's rows (≤ INT4_ROWS) go through it; float32 or fp16 activations, and longer
   prompts, through the weight dequantized from the blocks for the call (exactly stock's values: ab's float32 check).
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 LEVER = "quantized"
 INT4MM = "int4mm"
+Q8DOT = "q8_dot"
 KINDS = BLOCK_TYPES
 INT4_ROWS = 128  # CPU: rows through the int4 kernel; above, dequantizing + a bf16 GEMM is faster (EPYC, 1 core: even
 # at 256 rows, 2× at 512); at 1 row it is 4× faster than a bf16 F.linear of the dequantized weight
@@ -60,6 +62,8 @@ class QuantLinear(nn.Module):
         self.int4: Int4Weight | None = None  # int4mm: the blocks repacked for CUDA's int4 matmul (not a buffer: the
         # blocks stay, for prompts and stock copies, and the model's bytes count them once)
         self._count_int4 = lambda: counting.ran(runner, INT4MM)
+        self.q8 = False  # q8_dot: the decode row through the integer GEMV (kernels/q8_gemv.py)
+        self._count_q8 = lambda: counting.ran(runner, Q8DOT)
 
     @property
     def quant(self) -> "QuantWeight":
@@ -109,7 +113,12 @@ class QuantLinear(nn.Module):
         from kerneltriage.kernels.quant_gemv import GEMV_ROWS, dequantized, quant_gemv
 
         rows = x.reshape(-1, x.shape[-1])
-        if rows.shape[0] <= GEMV_ROWS and self.int4 is not None and rows.dtype == COMPUTE:
+        if rows.shape[0] == 1 and self.q8:
+            from kerneltriage.kernels.q8_gemv import q8_gemv
+
+            self._count_q8()
+            y = q8_gemv(rows, self.quant)
+        elif rows.shape[0] <= GEMV_ROWS and self.int4 is not None and rows.dtype == COMPUTE:
             self._count_int4()
             y = int4_product_cuda(rows, self.int4)
         elif rows.shape[0] <= GEMV_ROWS:
@@ -238,6 +247,18 @@ def int4mm(runner: Runner, value: str | None = None) -> None:
             module.int4 = None
         raise InputError(f"--levers {INT4MM}: torch's int4 matmul failed here ({str(exc).splitlines()[0][:160]}); "
                          "expected it on an sm_80+ GPU with a torch build that has it") from None
+
+
+def q8_dot(runner: Runner, value: str | None = None) -> None:
+    """kernel: each projection `quantized` keeps as blocks (packed ones included) takes its decode row (M = 1)
+    through the integer GEMV of kernels/q8_gemv.py (x rounded to int8 per block, dp4a sums), in every dtype: it
+    approximates x, so ab judges it by its declared quality in float32 too."""
+    modules = [m for m in runner.model.modules() if type(m) is QuantLinear]
+    if not modules:
+        raise InputError(f"--levers {Q8DOT}: no projection is kept as blocks; expected quantized before it on a "
+                         "Q4_0/Q4_1/Q8_0 GGUF")
+    for module in modules:
+        module.q8 = True
 
 
 def _check_int4(module: QuantLinear) -> None:
