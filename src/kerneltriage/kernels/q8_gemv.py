@@ -79,11 +79,12 @@ def _quantize_x(x_ptr, words_ptr, dx_ptr, sums_ptr, NBLOCKS: tl.constexpr, BB: t
 
 @triton.jit
 def _q8_gemv(xw_ptr, dx_ptr, xs_ptr, scale_ptr, min_ptr, q_ptr, out_ptr, n, NBLOCKS: tl.constexpr,
-             KIND: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, STAGES: tl.constexpr, ASM: tl.constexpr):
+             KIND: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, STAGES: tl.constexpr, ASM: tl.constexpr,
+             SHARED: tl.constexpr):
     """BN output rows a program, one row of x already in int8 words (`_quantize_x`); each step reads BB blocks of
-    each row as int32 words (BN, BB, WORDS) and x's words in the same shape (the same addresses for every row, so
-    that each thread loads the words it multiplies: no exchange between threads inside the loop). Each block's
-    scaled sum accumulates in place (BN, BB), summed across blocks once after the loop, as _quant_gemv does."""
+    each row as int32 words (BN, BB, WORDS) and x's words: once (SHARED, broadcast over the rows) or in the weights'
+    own shape, each thread loading the words it multiplies, through L1. Each block's scaled sum accumulates in
+    place (BN, BB), summed across blocks once after the loop, as _quant_gemv does."""
     cols = tl.program_id(0) * BN + tl.arange(0, BN)  # output rows of W
     n_ok = cols < n
     WORDS: tl.constexpr = 8 if KIND == 2 else 4  # int32 words of one block's quants
@@ -97,15 +98,24 @@ def _q8_gemv(xw_ptr, dx_ptr, xs_ptr, scale_ptr, min_ptr, q_ptr, out_ptr, n, NBLO
         d = tl.load(scale_ptr + cols[:, None] * NBLOCKS + blocks[None, :], mask=ok, other=0.0).to(tl.float32)
         q = tl.load(q_ptr + cols[:, None, None] * (NBLOCKS * WORDS) + (blocks[:, None] * WORDS + w[None, :])[None],
                     mask=ok[:, :, None], other=0)  # (BN, BB, WORDS)
-        at = row0[:, :, None] + (blocks[:, None] * 8 + w[None, :])[None]  # (BN, BB, WORDS): x's word w of each block
-        dx = tl.load(dx_ptr + row0 + blocks[None, :], mask=ok, other=0.0)  # (BN, BB)
-        low = tl.load(xw_ptr + at, mask=ok[:, :, None], other=0)
+        if SHARED:
+            at = (blocks[:, None] * 8 + w[None, :])[None]  # (1, BB, WORDS): x's word w of each block
+            dx = tl.load(dx_ptr + blocks, mask=b_ok, other=0.0)[None, :]
+            low = tl.load(xw_ptr + at, mask=b_ok[None, :, None], other=0)
+            if KIND != 2:
+                high = tl.load(xw_ptr + at + 4, mask=b_ok[None, :, None], other=0)
+                sums = tl.load(xs_ptr + blocks, mask=b_ok, other=0)[None, :]
+        else:
+            at = row0[:, :, None] + (blocks[:, None] * 8 + w[None, :])[None]  # (BN, BB, WORDS)
+            dx = tl.load(dx_ptr + row0 + blocks[None, :], mask=ok, other=0.0, cache_modifier=".ca")  # (BN, BB)
+            low = tl.load(xw_ptr + at, mask=ok[:, :, None], other=0, cache_modifier=".ca")
+            if KIND != 2:
+                high = tl.load(xw_ptr + at + 4, mask=ok[:, :, None], other=0, cache_modifier=".ca")
+                sums = tl.load(xs_ptr + row0 + blocks[None, :], mask=ok, other=0, cache_modifier=".ca")
         if KIND == 2:
             dot = tl.sum(dp4a(q, low, tl.zeros_like(q), ASM), axis=2)  # (BN, BB) Σ q·xq
             acc += d * dx * dot.to(tl.float32)
-        else:
-            high = tl.load(xw_ptr + at + 4, mask=ok[:, :, None], other=0)  # values 16 + 4w.. meet the high nibbles
-            sums = tl.load(xs_ptr + row0 + blocks[None, :], mask=ok, other=0)  # (BN, BB) Σ xq
+        else:  # values 16 + 4w.. of x (its word w + 4) meet the high nibbles
             dot = dp4a(q & 0x0F0F0F0F, low, tl.zeros_like(q), ASM)
             dot = tl.sum(dp4a((q >> 4) & 0x0F0F0F0F, high, dot, ASM), axis=2)  # (BN, BB) Σ q·xq
             if KIND == 1:
@@ -119,6 +129,8 @@ def _q8_gemv(xw_ptr, dx_ptr, xs_ptr, scale_ptr, min_ptr, q_ptr, out_ptr, n, NBLO
 ASM = not isinstance(_q8_gemv, InterpretedFunction)  # decorated under TRITON_INTERPRET=1: arithmetic, not PTX
 
 
+SHARED = True  # x's words loaded once a step and broadcast over a program's rows (False: by every thread
+# in the weights' shape, through L1)
 QUANTIZE_BLOCKS = 32  # x's blocks a `_quantize_x` program takes (1,024 values: 4 programs for K = 4,096)
 
 
@@ -138,5 +150,5 @@ def q8_gemv(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     bn, bb = launch(n, blocks, 1, TILES, PROGRAMS if x.is_cuda else 1)
     _q8_gemv[(triton.cdiv(n, bn),)](words, dx, sums, w.scales, mins, w.quants.view(torch.int32), out, n,
                                     NBLOCKS=blocks, KIND=KINDS[w.qtype], BN=bn, BB=bb, STAGES=TILES.stages, ASM=ASM,
-                                    num_warps=TILES.warps)
+                                    SHARED=SHARED, num_warps=TILES.warps)
     return out
