@@ -31,7 +31,11 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from kerneltriage.kernels.quant_gemv import BLOCK, KINDS, PROGRAMS, QuantWeight, Tiles, launch
 
-TILES = Tiles()  # what q8_gemv launches with (gemv_sweep.py --tiles sets others to time them)
+# what q8_gemv launches with (gemv_sweep.py --tiles sets others to time them): 2 rows, 4,096 values a step, 4 warps,
+# no pipelining — of 21 tiles on an 8B's Q4_0 shapes in a probe, the fastest over a layer's four GEMVs (48.5 µs
+# against the float GEMV's 89.6: gate/up 20.5, down 14.3, q/k/v 7.7, o 6.0 µs; H200; the tool's sweep of the five
+# best: benchmarks/results/gemv-q8-tiles-llama3-8b-q4_0-h200.json)
+TILES = Tiles(bn=2, values=4096, warps=4, stages=1)
 
 
 @triton.jit
@@ -79,12 +83,13 @@ def _quantize_x(x_ptr, words_ptr, dx_ptr, sums_ptr, NBLOCKS: tl.constexpr, BB: t
 
 @triton.jit
 def _q8_gemv(xw_ptr, dx_ptr, xs_ptr, scale_ptr, min_ptr, q_ptr, out_ptr, n, NBLOCKS: tl.constexpr,
-             KIND: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, STAGES: tl.constexpr, ASM: tl.constexpr,
-             SHARED: tl.constexpr):
+             KIND: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, STAGES: tl.constexpr, ASM: tl.constexpr):
     """BN output rows a program, one row of x already in int8 words (`_quantize_x`); each step reads BB blocks of
-    each row as int32 words (BN, BB, WORDS) and x's words: once (SHARED, broadcast over the rows) or in the weights'
-    own shape, each thread loading the words it multiplies, through L1. Each block's scaled sum accumulates in
-    place (BN, BB), summed across blocks once after the loop, as _quant_gemv does."""
+    each row as int32 words (BN, BB, WORDS) and x's words in the same shape, every thread loading the words it
+    multiplies (the same addresses for every row: L1 serves the repeats, no exchange between threads). Each block's
+    scaled sum accumulates in place (BN, BB), summed across blocks once after the loop, as _quant_gemv does.
+    Unpipelined (TILES.stages 1): pipelined, the loads go through shared memory by cp.async.cg, which bypasses L1,
+    and every row's copy of x's words went to L2: 4,096 rows took 80 µs against the float GEMV's 9 (H200)."""
     cols = tl.program_id(0) * BN + tl.arange(0, BN)  # output rows of W
     n_ok = cols < n
     WORDS: tl.constexpr = 8 if KIND == 2 else 4  # int32 words of one block's quants
@@ -98,20 +103,12 @@ def _q8_gemv(xw_ptr, dx_ptr, xs_ptr, scale_ptr, min_ptr, q_ptr, out_ptr, n, NBLO
         d = tl.load(scale_ptr + cols[:, None] * NBLOCKS + blocks[None, :], mask=ok, other=0.0).to(tl.float32)
         q = tl.load(q_ptr + cols[:, None, None] * (NBLOCKS * WORDS) + (blocks[:, None] * WORDS + w[None, :])[None],
                     mask=ok[:, :, None], other=0)  # (BN, BB, WORDS)
-        if SHARED:
-            at = (blocks[:, None] * 8 + w[None, :])[None]  # (1, BB, WORDS): x's word w of each block
-            dx = tl.load(dx_ptr + blocks, mask=b_ok, other=0.0)[None, :]
-            low = tl.load(xw_ptr + at, mask=b_ok[None, :, None], other=0)
-            if KIND != 2:
-                high = tl.load(xw_ptr + at + 4, mask=b_ok[None, :, None], other=0)
-                sums = tl.load(xs_ptr + blocks, mask=b_ok, other=0)[None, :]
-        else:
-            at = row0[:, :, None] + (blocks[:, None] * 8 + w[None, :])[None]  # (BN, BB, WORDS)
-            dx = tl.load(dx_ptr + row0 + blocks[None, :], mask=ok, other=0.0, cache_modifier=".ca")  # (BN, BB)
-            low = tl.load(xw_ptr + at, mask=ok[:, :, None], other=0, cache_modifier=".ca")
-            if KIND != 2:
-                high = tl.load(xw_ptr + at + 4, mask=ok[:, :, None], other=0, cache_modifier=".ca")
-                sums = tl.load(xs_ptr + row0 + blocks[None, :], mask=ok, other=0, cache_modifier=".ca")
+        at = row0[:, :, None] + (blocks[:, None] * 8 + w[None, :])[None]  # (BN, BB, WORDS): x's word w of each block
+        dx = tl.load(dx_ptr + row0 + blocks[None, :], mask=ok, other=0.0)  # (BN, BB)
+        low = tl.load(xw_ptr + at, mask=ok[:, :, None], other=0)
+        if KIND != 2:
+            high = tl.load(xw_ptr + at + 4, mask=ok[:, :, None], other=0)
+            sums = tl.load(xs_ptr + row0 + blocks[None, :], mask=ok, other=0)
         if KIND == 2:
             dot = tl.sum(dp4a(q, low, tl.zeros_like(q), ASM), axis=2)  # (BN, BB) Σ q·xq
             acc += d * dx * dot.to(tl.float32)
@@ -129,8 +126,6 @@ def _q8_gemv(xw_ptr, dx_ptr, xs_ptr, scale_ptr, min_ptr, q_ptr, out_ptr, n, NBLO
 ASM = not isinstance(_q8_gemv, InterpretedFunction)  # decorated under TRITON_INTERPRET=1: arithmetic, not PTX
 
 
-SHARED = True  # x's words loaded once a step and broadcast over a program's rows (False: by every thread
-# in the weights' shape, through L1)
 QUANTIZE_BLOCKS = 32  # x's blocks a `_quantize_x` program takes (1,024 values: 4 programs for K = 4,096)
 
 
@@ -150,5 +145,5 @@ def q8_gemv(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     bn, bb = launch(n, blocks, 1, TILES, PROGRAMS if x.is_cuda else 1)
     _q8_gemv[(triton.cdiv(n, bn),)](words, dx, sums, w.scales, mins, w.quants.view(torch.int32), out, n,
                                     NBLOCKS=blocks, KIND=KINDS[w.qtype], BN=bn, BB=bb, STAGES=TILES.stages, ASM=ASM,
-                                    SHARED=SHARED, num_warps=TILES.warps)
+                                    num_warps=TILES.warps)
     return out
