@@ -219,6 +219,32 @@ def test_a_decode_row_reads_the_blocks_in_place(qtype: str, arch: str, packed: s
     assert fused.counters["fused_layer"] == 1 and fused.counters["quantized"] > 0
 
 
+# With q8_dot: each GEMV's x rounded to int8 words first (the norm in that kernel), the products in integers; K in 2
+# rounds of 32 (Q4_0, packed: the 8B's case) and in one (Q4_1, q/k/v stacked by the lever)
+@pytest.mark.parametrize(("qtype", "packed", "q8_bk", "depth"), [
+    ("Q4_0", "packed_qkv,packed_gate_up", 32, 70), ("Q4_1", "", 2048, 33)])
+def test_with_q8_dot_a_decode_row_reads_x_as_int8_words(qtype: str, packed: str, q8_bk: int, depth: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("gguf")
+    from kerneltriage.kernels import fused_layer
+
+    monkeypatch.setattr(fused_layer, "Q8_BK", q8_bk)
+    monkeypatch.setattr(fused_layer, "Q8_ROWS", 32)  # fewer programs: the interpreter runs them one after another
+    sets = "quantized" + (f",{packed}" if packed else "")
+    floats, ints = _fused(_blocks_runner(qtype, sets)), _blocks_runner(qtype, sets)
+    levers.APPLIERS["q8_dot"](ints, None)
+    _fused(ints)
+    assert ints.model.layers[0].forward.weights.q8 and not floats.model.layers[0].forward.weights.q8
+    want, want_cache = _layer_run(floats, KVCache, 1, depth, None)
+    got, got_cache = _layer_run(ints, KVCache, 1, depth, None)
+    for name in ("keys", "values"):  # the new row: x normed and rounded, times the blocks
+        a, b = getattr(want_cache, name)[0, :, :, depth], getattr(got_cache, name)[0, :, :, depth]
+        assert 0 < (b - a).norm() < 0.03 * a.norm(), name
+        assert torch.equal(getattr(got_cache, name)[0, :, :, :depth], getattr(want_cache, name)[0, :, :, :depth])
+    assert 0 < (got - want).abs().max() < 0.03 * want.abs().max()
+    assert ints.counters["q8_dot"] == 1 and ints.counters["fused_layer"] == 1
+
+
 def test_the_block_reading_layer_keeps_greedy_tokens_and_refuses_what_it_cannot_read() -> None:
     pytest.importorskip("gguf")
     prompt = list(range(3, 23))  # 20 rows: the stock layers over the dequantized blocks (past the GEMV's 16 rows)
@@ -313,7 +339,7 @@ for pdl, rows, programs in ((pdl, rows, programs) for pdl in (False, True)
     consts_all = {"T": rows, "ROWS": t.rows, "G": 3, "RP": 64, "DP": 64, "SP": 4, "BN": t.bn, "BK": t.bk,
                   "ROUNDS": t.rounds, "STAGES": t.stages, "SPLITS": t.splits, "BLOCK": 64, "HQ": 16 if heads else 9,
                   "HKV": 8 if heads else 3, "DIM": 128 if heads else 64, "BP": t.bn, "HAS_BIAS": False,
-                  "QK_NORM": heads, "PDL": pdl, "QK": 0}
+                  "QK_NORM": heads, "PDL": pdl, "QK": 0, "Q8": False}
     kernels = (f._qkv_rope_cache,) + (() if heads else (f._gemv_residual, f._gate_up)) + (
         (f._attend, f._combine) if programs == 0 else ())
     for fn in kernels:
@@ -348,7 +374,8 @@ for pdl, qk in ((pdl, qk) for pdl in (False, True) for qk in (0, 1, 2)):
     t = f._tiles(1, 4096, 4096, bool(qk))
     assert t.rounds > 1 and t.stages > 1, t
     consts = {"T": 1, "ROWS": 1, "BN": t.bn, "BP": t.bn, "BK": t.bk, "ROUNDS": t.rounds, "STAGES": t.stages,
-              "SPLITS": 1, "PDL": pdl, "QK": qk, "HQ": 32, "HKV": 8, "DIM": 128, "HAS_BIAS": False, "QK_NORM": False}
+              "SPLITS": 1, "PDL": pdl, "QK": qk, "HQ": 32, "HKV": 8, "DIM": 128, "HAS_BIAS": False, "QK_NORM": False,
+              "Q8": False}
     for fn in ((f._qkv_rope_cache,) if qk else ()) + (f._gemv_residual, f._gate_up):
         names = fn.arg_names
         sig = {n: "constexpr" if n in consts else "*fp32" if n in FP32 else "*i64" if n in I64 else "*i32"
@@ -369,6 +396,34 @@ for pdl, qk in ((pdl, qk) for pdl in (False, True) for qk in (0, 1, 2)):
         inside = [i for start, end in loops for i in range(start, end) if "shfl.sync" in lines[i]]
         assert not inside, (fn.__name__, qk, len(inside), "shuffles inside the rounds' loop")
         print(fn.__name__, pdl, "decode-8b", qk, len(kernel.asm["cubin"]), len(loops))
+# with q8_dot: x rounded to int8 words by `_quantize_row` (normed and not), the 8B's GEMVs against them by dp4a,
+# unpipelined (no cp.async: its loads bypass L1, which serves the rows' repeated reads of x)
+for pdl, qk in ((pdl, qk) for pdl in (False, True) for qk in (1, 2)):
+    for fn, two in ((f._qkv_rope_cache, 2), (f._gemv_residual, 1), (f._gate_up, 2)):
+        t = f._tiles(1, 4096, 4096, True, two)
+        consts = {"T": 1, "ROWS": 1, "BN": t.bn, "BP": t.bn, "BK": t.bk, "ROUNDS": t.rounds, "STAGES": t.stages,
+                  "SPLITS": 1, "PDL": pdl, "QK": qk, "HQ": 32, "HKV": 8, "DIM": 128, "HAS_BIAS": False,
+                  "QK_NORM": False, "Q8": True}
+        names = fn.arg_names
+        sig = {n: "constexpr" if n in consts else "*fp32" if n in FP32 + ("dx_ptr",) else "*i64" if n in I64
+               else "*i32" if n in I32 + ("xw_ptr", "xs_ptr", "w_ptr", "wg_ptr", "wu_ptr") else "*fp16"
+               if n in BLOCKS else "*bf16" if n.endswith("_ptr") else "fp32" if n == "eps" else "i32" for n in names}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n] not in ("constexpr", "fp32")}
+        kernel = triton.compile(ASTSource(fn, signature=sig, constexprs={n: consts[n] for n in names if n in consts},
+                                          attrs=attrs), target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl})
+        ptx = kernel.asm["ptx"]
+        assert "dp4a.s32.s32" in ptx and "cp.async" not in ptx, (fn.__name__, qk)
+        assert ("griddepcontrol.wait" in ptx) == pdl, fn.__name__
+        print(fn.__name__, pdl, "decode-8b-q8", qk, len(kernel.asm["cubin"]))
+for pdl, norm in ((pdl, norm) for pdl in (False, True) for norm in (False, True)):
+    names = f._quantize_row.arg_names
+    consts = {"NORM": norm, "BB": f.Q8_BLOCKS, "ROUNDS": 4, "PDL": pdl}
+    sig = {n: "constexpr" if n in consts else "*fp32" if n == "dx_ptr" else "*i32" if n in ("words_ptr", "sums_ptr")
+           else "*bf16" if n.endswith("_ptr") else "fp32" if n == "eps" else "i32" for n in names}
+    kernel = triton.compile(ASTSource(f._quantize_row, signature=sig, constexprs=consts),
+                            target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl})
+    assert ("griddepcontrol.wait" in kernel.asm["ptx"]) == pdl
+    print("_quantize_row", pdl, norm, len(kernel.asm["cubin"]))
 """
 
 
@@ -380,5 +435,6 @@ def test_every_kernel_builds_for_sm90() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     done = subprocess.run([sys.executable, "-c", SM90_BUILD], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    # PDL off and on: 3 GEMV kernels × 3, attention × 2, qwen3's q/k/v × 2
-    assert len(done.stdout.splitlines()) == 2 * (3 * 3 + 2 * 2 + 2) + 2 * 2 + 2 * 2 * 3
+    # PDL off and on: 3 GEMV kernels × 3, attention × 2, qwen3's q/k/v × 2; the 8B's decode rows; with q8_dot, its
+    # three GEMV kernels over Q4_0 and Q4_1 and the quantizing kernel with and without its norm
+    assert len(done.stdout.splitlines()) == 2 * (3 * 3 + 2 * 2 + 2) + 2 * 2 + 2 * 2 * 3 + 2 * 2 * 3 + 2 * 2

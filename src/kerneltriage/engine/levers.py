@@ -131,12 +131,12 @@ TABLE: tuple[Lever, ...] = (
     # q8_dot after the packed levers too: it switches whatever block modules they left
     Lever("q8_dot", "kernel", "model", "quantized's decode row (M = 1) through an integer GEMV, as llama.cpp's "
           "MMVQ: x rounded to int8 per 32-value block (scale amax/127), each block's dot product summed in int32 by "
-          "dp4a, one float multiply a block; instead of a float FMA per weight", phases=("decode",),
+          "dp4a, one float multiply a block; instead of a float FMA per weight (beside fused_layer, inside its layer "
+          "kernels, x rounded by one small kernel a GEMV)", phases=("decode",),
           # x's int8 rounding moves a projection's output ~0.5% (tests/test_q8_gemv.py); bounds not yet measured
           numerics="approximates", quality="ppl<=1.01,top1>=0.95",
           seams=("qkv", "o_proj", "gate_up", "down"), devices=("cuda",), requires=("quantized",),
-          clashes=(Clash(("int4mm",), "both take the block projections' decode rows"),
-                   Clash(("fused_layer",), "its kernels read the blocks' decode rows themselves, in float"))),
+          clashes=(Clash(("int4mm",), "both take the block projections' decode rows"),)),
     Lever("fused_norm", "fast-path", "model", "RMSNorm as one fused F.rms_norm call with its weight",
           numerics="reorders", seams=("norm",),
           architectures=("llama", "qwen2", "qwen3")),  # Gemma's norms scale by 1 + w, not by F.rms_norm's w

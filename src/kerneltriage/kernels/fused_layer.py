@@ -16,6 +16,11 @@ their count, and attention that reads only the filled cache, split across the SM
 5. `_gate_up`: RMSNorm in the prologue → gate and up GEMVs → SiLU(gate) · up;
 6. `_gemv_residual`: down GEMV → + residual.
 
+Beside `quantized` a decode row reads the layer's Q4 blocks in place; with `q8_dot` too, each GEMV's x is first
+rounded to int8 per 32-value block by a small kernel (`_quantize_row`, the norm in it; four a layer) and the
+products are integer dot products (`_gemv2_q8`, as llama.cpp's MMVQ): an approximation of x, judged by its declared
+quality.
+
 Arithmetic follows the stock ops' roundings (the activation dtype after each op the stock model rounds at), with
 float32 accumulation; a decode row's GEMVs are broadcast products summed in float32, a verify's (16+ rows) go
 through tl.dot in IEEE float32 (never TF32), so float32 runs compute what stock computes, reordered.
@@ -31,6 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kerneltriage.kernels import q8_gemv
+from kerneltriage.kernels.q8_gemv import dp4a, int8_words
 from kerneltriage.kernels.quant_gemv import KINDS, QuantWeight, q4_products
 
 MAX_ROWS = 32  # decode (1) and speculative verify (k + 1 ≤ 32 for suffix:31) rows; prompts take the stock layer
@@ -50,6 +57,10 @@ DECODE_BK, DECODE_STAGES = 512, 3  # a decode row's rounds where K takes more th
 # analogy with the Q4 GEMV's third shape, to be measured on the 8B
 QUANT_BK = 1024  # values of K per round for a decode row reading Q4 blocks (`_gemv2`'s QK: 64 blocks, 4 KB of a
 # 4-column tile, as many bytes a round as the bf16 rounds of 512): a choice by analogy, to be measured on the Q4_0 8B
+Q8_ROWS, Q8_BK = 2, 2048  # with q8_dot: weight rows a program and values of K a step of a decode row reading x as
+# int8 words (`_gemv2_q8`), unpipelined — q8_gemv's tile (2 rows, 4,096 values a step), the fastest of 21 there
+Q8_BLOCKS = 32  # x's blocks a `_quantize_row` program writes
+_ASM = tl.constexpr(q8_gemv.ASM)  # dp4a as the PTX instruction (compiled) or as arithmetic (the interpreter)
 QK_KINDS = {name: KINDS[name] + 1 for name in ("Q4_0", "Q4_1")}  # the block types a decode row reads in place
 # (`_gemv2_q4`'s QK: quant_gemv's kind + 1; 0 is a matrix of values)
 TILE = 8192  # elements of a GEMV program's (rows, columns, K) tile per weight: registers, not shared memory
@@ -126,6 +137,79 @@ def _gemv2_q4(x_ptr, wa_ptr, wb_ptr, sa_ptr, sb_ptr, ma_ptr, mb_ptr, sw, cols_a,
         wide_a += q4_products(qa, da, mina, xl[None], xh[None], QK - 1)
         if TWO:
             wide_b += q4_products(qb, db, minb, xl[None], xh[None], QK - 1)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    return tl.reshape(tl.sum(wide_a, 1), (1, BN)), tl.reshape(tl.sum(wide_b, 1), (1, BN))
+
+
+@triton.jit
+def _quantize_row(x_ptr, nw_ptr, words_ptr, dx_ptr, sums_ptr, k, eps, NORM: tl.constexpr, BB: tl.constexpr,
+                  ROUNDS: tl.constexpr, PDL: tl.constexpr):
+    """One row of x (k values) as int8 words per 32-value block, BB blocks a program, in q8_gemv's layout (words,
+    dx = amax/127, Σ xq: `q8_gemv._quantize_x`); with NORM first RMS-normalised and weighted as the stock RMSNorm
+    rounds it (each program sums the whole row's squares, in ROUNDS rounds of BB·32: x is a few KB, from L2)."""
+    dt: tl.constexpr = x_ptr.dtype.element_ty
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # x is the previous kernel's output
+    blocks = tl.program_id(0) * BB + tl.arange(0, BB)
+    b_ok = blocks < k // 32
+    at = blocks[:, None, None] * 32 + tl.arange(0, 8)[None, :, None] * 4 + tl.arange(0, 4)[None, None, :]
+    x = tl.load(x_ptr + at, mask=b_ok[:, None, None], other=0.0).to(tl.float32)  # (BB, 8, 4)
+    if NORM:
+        inv = tl.sum(_inv_rms(x_ptr, 0, tl.arange(0, 1), tl.full((1,), True, tl.int1), k, eps, 1, BB * 32, ROUNDS,
+                              1), 0)
+        nw = tl.load(nw_ptr + at, mask=b_ok[:, None, None], other=0.0).to(tl.float32)
+        x = _rnd(_rnd(x * inv, dt) * nw, dt)
+    amax = tl.max(tl.max(tl.abs(x), axis=2), axis=1)  # (BB,)
+    scale = tl.div_rn(tl.full((BB,), 127.0, tl.float32), tl.maximum(amax, 1e-30))  # as _quantize_x
+    words, sums = int8_words(x, scale)  # (BB, 8) each
+    tl.store(words_ptr + blocks[:, None] * 8 + tl.arange(0, 8)[None, :], words, mask=b_ok[:, None])
+    tl.store(dx_ptr + blocks, amax / 127.0, mask=b_ok)
+    tl.store(sums_ptr + blocks, tl.sum(sums, axis=1), mask=b_ok)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def _q4_dot(w_ptr, s_ptr, m_ptr, cols, b, ok, sw, ss, low, high, dx, sums, QK: tl.constexpr):
+    """(BN, NB) each block's Σ w·x of Q4 rows `cols` (quants as int32 words, `sw` words a row) over blocks b against
+    x's int8 words low (values 4w..) and high (16 + 4w..), (BN, NB, 4) each, as q8_gemv's `_q8_gemv` sums them."""
+    w = tl.arange(0, 4)
+    q = tl.load(w_ptr + cols[:, None, None] * sw + (b[:, None] * 4 + w[None, :])[None], mask=ok[:, :, None], other=0)
+    d = tl.load(s_ptr + cols[:, None] * ss + b[None, :], mask=ok, other=0.0).to(tl.float32)
+    dot = dp4a(q & 0x0F0F0F0F, low, tl.zeros_like(q), _ASM)
+    dot = tl.sum(dp4a((q >> 4) & 0x0F0F0F0F, high, dot, _ASM), axis=2)  # (BN, NB) Σ q·xq
+    if QK == 2:  # Q4_1: d·q + m
+        m = tl.load(m_ptr + cols[:, None] * ss + b[None, :], mask=ok, other=0.0).to(tl.float32)
+        return (d * dot.to(tl.float32) + m * sums.to(tl.float32)) * dx
+    return d * dx * (dot - 8 * sums).to(tl.float32)
+
+
+@triton.jit
+def _gemv2_q8(xw_ptr, dx_ptr, xs_ptr, wa_ptr, wb_ptr, sa_ptr, sb_ptr, ma_ptr, mb_ptr, sw, cols_a, cols_b, n_ok, k,
+              TWO: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ROUNDS: tl.constexpr, PDL: tl.constexpr,
+              QK: tl.constexpr):
+    """`_gemv2_q4` with x already int8 words (`_quantize_row`; its norm there): each round BK values of K as BK/32
+    blocks of each of the BN columns, their products summed by dp4a; x's words loaded by every column's threads in
+    the weights' shape, through L1 (unpipelined: cp.async bypasses L1 — q8_gemv.py)."""
+    NB: tl.constexpr = BK // 32
+    zero = cols_a[:, None] * 0  # (BN, 1): x's addresses broadcast over the columns
+    wide_a = tl.zeros((BN, NB), tl.float32)
+    wide_b = tl.zeros((BN, NB), tl.float32)
+    ss = k // 32
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    for i in tl.range(0, ROUNDS, num_stages=1):
+        b = i * NB + tl.arange(0, NB)
+        ok = n_ok[:, None] & (b < ss)[None, :]
+        at = zero[:, :, None] + (b[:, None] * 8 + tl.arange(0, 4)[None, :])[None]  # (BN, NB, 4)
+        low = tl.load(xw_ptr + at, mask=ok[:, :, None], other=0)
+        high = tl.load(xw_ptr + at + 4, mask=ok[:, :, None], other=0)
+        dx = tl.load(dx_ptr + zero + b[None, :], mask=ok, other=0.0)
+        sums = tl.load(xs_ptr + zero + b[None, :], mask=ok, other=0)
+        wide_a += _q4_dot(wa_ptr, sa_ptr, ma_ptr, cols_a, b, ok, sw, ss, low, high, dx, sums, QK)
+        if TWO:
+            wide_b += _q4_dot(wb_ptr, sb_ptr, mb_ptr, cols_b, b, ok, sw, ss, low, high, dx, sums, QK)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     return tl.reshape(tl.sum(wide_a, 1), (1, BN)), tl.reshape(tl.sum(wide_b, 1), (1, BN))
@@ -246,12 +330,12 @@ def _head_norm(lo, hi, head, j, p_ok, qn_ptr, kn_ptr, eps, HQ: tl.constexpr, HKV
 
 
 @triton.jit
-def _qkv_rope_cache(x_ptr, nw_ptr, w_ptr, s_ptr, m_ptr, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, ids_ptr, q_ptr,
-                    k_ptr, v_ptr, ws_ptr, sem_ptr, eps, hidden, sx, sw, sc, sq_t, sq_h, sk_h, sk_s, sv_h, sv_s,
-                    T: tl.constexpr, ROWS: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, DIM: tl.constexpr,
-                    BP: tl.constexpr, BK: tl.constexpr, ROUNDS: tl.constexpr, STAGES: tl.constexpr,
-                    SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr,
-                    QK: tl.constexpr):
+def _qkv_rope_cache(x_ptr, xw_ptr, dx_ptr, xs_ptr, nw_ptr, w_ptr, s_ptr, m_ptr, b_ptr, qn_ptr, kn_ptr, cos_ptr,
+                    sin_ptr, ids_ptr, q_ptr, k_ptr, v_ptr, ws_ptr, sem_ptr, eps, hidden, sx, sw, sc, sq_t, sq_h, sk_h,
+                    sk_s, sv_h, sv_s, T: tl.constexpr, ROWS: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                    DIM: tl.constexpr, BP: tl.constexpr, BK: tl.constexpr, ROUNDS: tl.constexpr,
+                    STAGES: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr,
+                    PDL: tl.constexpr, QK: tl.constexpr, Q8: tl.constexpr):
     HALF: tl.constexpr = DIM // 2
     dt: tl.constexpr = q_ptr.dtype.element_ty
     # rotation pairs (j, j + HALF) of every head, q then k then v; QK_NORM: BP = HALF, one whole head per program
@@ -261,7 +345,10 @@ def _qkv_rope_cache(x_ptr, nw_ptr, w_ptr, s_ptr, m_ptr, b_ptr, qn_ptr, kn_ptr, c
     lo_col = head * DIM + j
     r = tl.arange(0, ROWS)
     r_ok = r < T
-    if QK:  # one decode row over Q4 blocks
+    if Q8:  # one decode row over Q4 blocks, x as int8 words (normed by `_quantize_row`)
+        lo, hi = _gemv2_q8(xw_ptr, dx_ptr, xs_ptr, w_ptr, w_ptr, s_ptr, s_ptr, m_ptr, m_ptr, sw, lo_col,
+                           lo_col + HALF, p_ok, hidden, True, BP, BK, ROUNDS, PDL, QK)
+    elif QK:  # one decode row over Q4 blocks
         lo, hi = _gemv2_q4(x_ptr, w_ptr, w_ptr, s_ptr, s_ptr, m_ptr, m_ptr, sw, lo_col, lo_col + HALF, p_ok, hidden,
                            eps, nw_ptr, dt, True, True, BP, BK, ROUNDS, STAGES, PDL, QK)
     else:
@@ -378,12 +465,16 @@ def _tile(n, T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _gate_up(x_ptr, nw_ptr, wg_ptr, wu_ptr, sg_ptr, su_ptr, mg_ptr, mu_ptr, out_ptr, ws_ptr, sem_ptr, eps, hidden, n,
-             sx, sw, so, T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ROUNDS: tl.constexpr,
-             STAGES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, QK: tl.constexpr):
+def _gate_up(x_ptr, xw_ptr, dx_ptr, xs_ptr, nw_ptr, wg_ptr, wu_ptr, sg_ptr, su_ptr, mg_ptr, mu_ptr, out_ptr, ws_ptr,
+             sem_ptr, eps, hidden, n, sx, sw, so, T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
+             BK: tl.constexpr, ROUNDS: tl.constexpr, STAGES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr,
+             QK: tl.constexpr, Q8: tl.constexpr):
     dt: tl.constexpr = out_ptr.dtype.element_ty
     cols, n_ok, r, r_ok = _tile(n, T, ROWS, BN)
-    if QK:
+    if Q8:
+        gate, up = _gemv2_q8(xw_ptr, dx_ptr, xs_ptr, wg_ptr, wu_ptr, sg_ptr, su_ptr, mg_ptr, mu_ptr, sw, cols, cols,
+                             n_ok, hidden, True, BN, BK, ROUNDS, PDL, QK)
+    elif QK:
         gate, up = _gemv2_q4(x_ptr, wg_ptr, wu_ptr, sg_ptr, su_ptr, mg_ptr, mu_ptr, sw, cols, cols, n_ok, hidden, eps,
                              nw_ptr, dt, True, True, BN, BK, ROUNDS, STAGES, PDL, QK)
     else:
@@ -396,12 +487,16 @@ def _gate_up(x_ptr, nw_ptr, wg_ptr, wu_ptr, sg_ptr, su_ptr, mg_ptr, mu_ptr, out_
 
 
 @triton.jit
-def _gemv_residual(x_ptr, w_ptr, s_ptr, m_ptr, res_ptr, out_ptr, ws_ptr, sem_ptr, k, n, sx, sw, sr, so,
-                   T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ROUNDS: tl.constexpr,
-                   STAGES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr, QK: tl.constexpr):
+def _gemv_residual(x_ptr, xw_ptr, dx_ptr, xs_ptr, w_ptr, s_ptr, m_ptr, res_ptr, out_ptr, ws_ptr, sem_ptr, k, n, sx,
+                   sw, sr, so, T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                   ROUNDS: tl.constexpr, STAGES: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr,
+                   QK: tl.constexpr, Q8: tl.constexpr):
     dt: tl.constexpr = out_ptr.dtype.element_ty
     cols, n_ok, r, r_ok = _tile(n, T, ROWS, BN)
-    if QK:
+    if Q8:
+        y, _ = _gemv2_q8(xw_ptr, dx_ptr, xs_ptr, w_ptr, w_ptr, s_ptr, s_ptr, m_ptr, m_ptr, sw, cols, cols, n_ok, k,
+                         False, BN, BK, ROUNDS, PDL, QK)
+    elif QK:
         y, _ = _gemv2_q4(x_ptr, w_ptr, w_ptr, s_ptr, s_ptr, m_ptr, m_ptr, sw, cols, cols, n_ok, k, 0.0, x_ptr, dt,
                          False, False, BN, BK, ROUNDS, STAGES, PDL, QK)
     else:
@@ -457,13 +552,16 @@ def _k_splits(blocks: int, rounds: int) -> int:
     return next((d for d in divisors if blocks * d >= SPLIT_PROGRAMS), divisors[-1])
 
 
-def _tiles(rows: int, n: int, k: int, quant: bool = False) -> Tiles:
+def _tiles(rows: int, n: int, k: int, quant: bool = False, q8: int = 0) -> Tiles:
     """Tiles for a GEMV of `rows` rows, n output columns (q/k/v: rotation pairs) and K = k: whole K in one tile
     where the tile fits (one round of loads per program: these GEMVs are latency-bound), BN output columns per
     program (many programs: on the default model's 576-wide projections 4 columns per program gave 1,035 tok/s,
     8 gave 993 and 16 gave 835, and a tile of 8,192 or 32,768 elements the same 1,034; H200,
     `fused-layer-probe-h200-first.json`); a tl.dot tile's K split over programs (`_k_splits`)."""
     padded = triton.next_power_of_2(rows)
+    if q8:  # one decode row over Q4 blocks against x's int8 words (`_gemv2_q8`): Q8_ROWS weight rows a program
+        # over q8 (1 or 2) matrices, rounds of Q8_BK, none in flight
+        return Tiles(1, max(1, Q8_ROWS // q8), Q8_BK, triton.cdiv(k, Q8_BK), 1)
     if quant:  # one decode row over Q4 blocks (`_gemv2_q4`): rounds of QUANT_BK values, DECODE_STAGES in flight
         bk = min(triton.next_power_of_2(k), QUANT_BK)
         return Tiles(1, BN, bk, triton.cdiv(k, bk), DECODE_STAGES)
@@ -519,6 +617,7 @@ class Weights(NamedTuple):
     eps: float  # every norm's, the per-head ones' too
     q_norm: torch.Tensor | None = None  # (head_dim,): per-head norms of q and k before RoPE (qwen3), or None
     k_norm: torch.Tensor | None = None
+    q8: bool = False  # every matrix Q4 blocks, each GEMV's x rounded to int8 words first (`q8_dot`, `_gemv2_q8`)
 
 
 MATRICES = ("qkv", "o_proj", "gate", "up", "down")
@@ -541,6 +640,10 @@ def weights(**named: object) -> Weights:
             raise ValueError(f"fused_layer: {name} weight rows are not contiguous")
     if _kind(w.gate) != _kind(w.up) or _blocks(w.gate)[0].stride(0) != _blocks(w.up)[0].stride(0):
         raise ValueError("fused_layer: gate and up weights differ in kind or row stride")
+    if w.q8 and not all(isinstance(getattr(w, name), QuantWeight) for name in MATRICES):
+        raise ValueError("fused_layer: x as int8 words (q8) needs every matrix as Q4 blocks")
+    if w.q8 and w.q_norm is not None:
+        raise ValueError("fused_layer: x as int8 words (q8) with per-head q/k norms")
     return w
 
 
@@ -549,11 +652,11 @@ def _kind(m: Matrix) -> int:
     return QK_KINDS[m.qtype] if isinstance(m, QuantWeight) else 0
 
 
-def _blocks(m: Matrix) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(data, scales, mins) as the kernels take them: the quants, or the values with themselves as unread
-    placeholders; Q4_0's mins are its scales, unread."""
+def _blocks(m: Matrix, words: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(data, scales, mins) as the kernels take them: the quants (`words`: as int32 words, for `_gemv2_q8`), or the
+    values with themselves as unread placeholders; Q4_0's mins are its scales, unread."""
     if isinstance(m, QuantWeight):
-        return m.quants, m.scales, m.mins if m.mins is not None else m.scales
+        return m.quants.view(torch.int32) if words else m.quants, m.scales, m.mins if m.mins is not None else m.scales
     return m, m, m
 
 
@@ -615,19 +718,19 @@ def layer(x: torch.Tensor, w: Weights, shape: Shape, cos: torch.Tensor, sin: tor
     if rows > max_rows(w):
         raise ValueError(f"fused_layer: {rows} rows; a layer with blocks takes {max_rows(w)}")
     qkv = _head_tiles(rows, heads + 2 * kv_heads, half, hidden) if qk_norm else _tiles(rows, pairs, hidden,
-                                                                                      bool(_kind(w.qkv)))
+                                                                                      bool(_kind(w.qkv)), 2 * w.q8)
     q = x.new_empty(rows, heads, dim)
-    qkv_w, qkv_s, qkv_m = _blocks(w.qkv)
+    qkv_w, qkv_s, qkv_m = _blocks(w.qkv, w.q8)
     bias = w.qkv_bias if w.qkv_bias is not None else qkv_w
     q_norm, k_norm = (w.q_norm, w.k_norm) if qk_norm else (w.input_norm, w.input_norm)  # (never read without)
     sem = _semaphores(x.device)
     _qkv_rope_cache[qkv.grid(pairs)](
-        x, w.input_norm, qkv_w, qkv_s, qkv_m, bias, q_norm, k_norm, cos, sin, ids, q, keys, values,
-        qkv.workspace(x, pairs, True), sem, w.eps, hidden, x.stride(0), qkv_w.stride(0), cos.stride(0), q.stride(0),
-        q.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1), T=rows, ROWS=qkv.rows,
-        HQ=heads, HKV=kv_heads, DIM=dim, BP=qkv.bn, BK=qkv.bk, ROUNDS=qkv.rounds, STAGES=qkv.stages, SPLITS=qkv.splits,
-        HAS_BIAS=w.qkv_bias is not None, QK_NORM=qk_norm, PDL=pdl, QK=_kind(w.qkv), launch_pdl=pdl,
-        num_warps=qkv.warps(True))
+        x, *_int8_words(x, w.input_norm, w.eps, w.q8, pdl), w.input_norm, qkv_w, qkv_s, qkv_m, bias, q_norm, k_norm,
+        cos, sin, ids, q, keys, values, qkv.workspace(x, pairs, True), sem, w.eps, hidden, x.stride(0),
+        qkv_w.stride(0), cos.stride(0), q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0),
+        values.stride(1), T=rows, ROWS=qkv.rows, HQ=heads, HKV=kv_heads, DIM=dim, BP=qkv.bn, BK=qkv.bk,
+        ROUNDS=qkv.rounds, STAGES=qkv.stages, SPLITS=qkv.splits, HAS_BIAS=w.qkv_bias is not None, QK_NORM=qk_norm,
+        PDL=pdl, QK=_kind(w.qkv), Q8=w.q8, launch_pdl=pdl, num_warps=qkv.warps(True))
     chunk, splits = _splits(upper, kv_heads, x.device)
     rp, dp = max(ROWS_MIN, triton.next_power_of_2(group * rows)), max(16, triton.next_power_of_2(dim))
     m = torch.empty(kv_heads * splits * rp, device=x.device, dtype=torch.float32)
@@ -640,28 +743,48 @@ def layer(x: torch.Tensor, w: Weights, shape: Shape, cos: torch.Tensor, sin: tor
     attended = x.new_empty(rows, heads * dim)
     _combine[(heads, rows)](m, l_sum, acc, attended, attended.stride(0), splits, dim, T=rows, G=group, RP=rp, DP=dp,
                             SP=triton.next_power_of_2(splits), PDL=pdl, launch_pdl=pdl)
-    h = _residual(attended, w.o_proj, x, sem, pdl)
+    h = _residual(attended, w.o_proj, x, sem, pdl, w.q8)
     inter = w.gate.shape[0]
     act = x.new_empty(rows, inter)
-    mlp = _tiles(rows, inter, hidden, bool(_kind(w.gate)))
-    (gate, gate_s, gate_m), (up, up_s, up_m) = _blocks(w.gate), _blocks(w.up)
+    mlp = _tiles(rows, inter, hidden, bool(_kind(w.gate)), 2 * w.q8)
+    (gate, gate_s, gate_m), (up, up_s, up_m) = _blocks(w.gate, w.q8), _blocks(w.up, w.q8)
     _gate_up[mlp.grid(inter)](
-        h, w.post_norm, gate, up, gate_s, up_s, gate_m, up_m, act, mlp.workspace(x, inter, True), sem, w.eps, hidden,
-        inter, h.stride(0), gate.stride(0), act.stride(0), T=rows, ROWS=mlp.rows, BN=mlp.bn, BK=mlp.bk,
-        ROUNDS=mlp.rounds, STAGES=mlp.stages, SPLITS=mlp.splits, PDL=pdl, QK=_kind(w.gate), launch_pdl=pdl,
-        num_warps=mlp.warps(True))
-    return _residual(act, w.down, h, sem, pdl)
+        h, *_int8_words(h, w.post_norm, w.eps, w.q8, pdl), w.post_norm, gate, up, gate_s, up_s, gate_m, up_m, act,
+        mlp.workspace(x, inter, True), sem, w.eps, hidden, inter, h.stride(0), gate.stride(0), act.stride(0), T=rows,
+        ROWS=mlp.rows, BN=mlp.bn, BK=mlp.bk, ROUNDS=mlp.rounds, STAGES=mlp.stages, SPLITS=mlp.splits, PDL=pdl,
+        QK=_kind(w.gate), Q8=w.q8, launch_pdl=pdl, num_warps=mlp.warps(True))
+    return _residual(act, w.down, h, sem, pdl, w.q8)
 
 
-def _residual(x: torch.Tensor, weight: Matrix, residual: torch.Tensor, sem: torch.Tensor,
-              pdl: bool) -> torch.Tensor:
+def _residual(x: torch.Tensor, weight: Matrix, residual: torch.Tensor, sem: torch.Tensor, pdl: bool,
+              q8: bool) -> torch.Tensor:
     """residual + x · weightᵀ, the product rounded to the activation dtype first (as stock's linear, then add)."""
     (rows, k), n = x.shape, weight.shape[0]
     out = torch.empty_like(residual)
-    t = _tiles(rows, n, k, bool(_kind(weight)))
-    data, scales, mins = _blocks(weight)
-    _gemv_residual[t.grid(n)](x, data, scales, mins, residual, out, t.workspace(x, n, False), sem, k, n, x.stride(0),
-                              data.stride(0), residual.stride(0), out.stride(0), T=rows, ROWS=t.rows, BN=t.bn,
-                              BK=t.bk, ROUNDS=t.rounds, STAGES=t.stages, SPLITS=t.splits, PDL=pdl, QK=_kind(weight),
-                              launch_pdl=pdl, num_warps=t.warps(False))
+    t = _tiles(rows, n, k, bool(_kind(weight)), q8)
+    data, scales, mins = _blocks(weight, q8)
+    _gemv_residual[t.grid(n)](x, *_int8_words(x, None, 0.0, q8, pdl), data, scales, mins, residual, out,
+                              t.workspace(x, n, False), sem, k, n, x.stride(0), data.stride(0), residual.stride(0),
+                              out.stride(0), T=rows, ROWS=t.rows, BN=t.bn, BK=t.bk, ROUNDS=t.rounds, STAGES=t.stages,
+                              SPLITS=t.splits, PDL=pdl, QK=_kind(weight), Q8=q8, launch_pdl=pdl,
+                              num_warps=t.warps(False))
     return out
+
+
+def _int8_words(x: torch.Tensor, norm: torch.Tensor | None, eps: float, q8: bool,
+                pdl: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(words, dx, sums): x's one row — RMS-normalised and weighted by `norm` first where given — rounded to int8
+    per 32-value block by one launch (`_quantize_row`), for a `_gemv2_q8` GEMV; without q8, x three times (unread
+    placeholders)."""
+    if not q8:
+        return x, x, x
+    k = x.shape[1]
+    blocks = k // 32
+    words = torch.empty(k // 4, device=x.device, dtype=torch.int32)
+    dx = torch.empty(blocks, device=x.device, dtype=torch.float32)
+    sums = torch.empty(blocks, device=x.device, dtype=torch.int32)
+    bb = min(Q8_BLOCKS, triton.next_power_of_2(blocks))
+    _quantize_row[(triton.cdiv(blocks, bb),)](x, x if norm is None else norm, words, dx, sums, k, eps,
+                                              NORM=norm is not None, BB=bb, ROUNDS=triton.cdiv(k, bb * 32), PDL=pdl,
+                                              launch_pdl=pdl)
+    return words, dx, sums

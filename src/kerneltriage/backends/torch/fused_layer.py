@@ -5,7 +5,8 @@ The layer reads its positions from the device (`Positions.ids`), so a graph repl
 recapture, and attends over keys ≤ each row's position: the static cache's window and mask are not read, only
 the window's size bounds the grid. q, k and v are stacked once per layer; the originals become views into the
 stack (no second copy of the weights). Beside `quantized` the kernels read a layer's Q4_0/Q4_1 blocks in place for
-decode rows (verify rows then take the stock layer and its block GEMVs).
+decode rows (verify rows then take the stock layer and its block GEMVs); with `q8_dot` (applied first, the table's
+order) against x rounded to int8 words.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def _weights(runner: Runner, block: TransformerBlock):  # noqa: ANN202 - kernels
     return weights(input_norm=block.input_layernorm.weight.detach(), qkv=qkv, qkv_bias=bias,
                    o_proj=_matrix(attn.o_proj), post_norm=block.post_attention_layernorm.weight.detach(),
                    gate=_matrix(mlp.gate_proj), up=_matrix(mlp.up_proj), down=_matrix(mlp.down_proj),
-                   eps=block.input_layernorm.eps, q_norm=q_norm, k_norm=k_norm)
+                   eps=block.input_layernorm.eps, q_norm=q_norm, k_norm=k_norm, q8=blocks and attn.q_proj.q8)
 
 
 def _qk_norms(attn: Attention) -> bool:
@@ -147,6 +148,8 @@ class FusedForward:
                 or torch.compiler.is_compiling()):
             return self.stock(x, index, step)
         counting.ran(self.runner, LEVER)
+        if self.weights.q8:
+            counting.ran(self.runner, "q8_dot")
         if self.pdl:
             counting.ran(self.runner, "pdl")
         window = cache.window if isinstance(cache, StaticKVCache) and cache.window is not None else None
