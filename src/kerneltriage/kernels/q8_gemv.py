@@ -34,7 +34,8 @@ from kerneltriage.kernels.quant_gemv import BLOCK, KINDS, PROGRAMS, QuantWeight,
 # what q8_gemv launches with (gemv_sweep.py --tiles sets others to time them): 2 rows, 4,096 values a step, 4 warps,
 # no pipelining — of 21 tiles on an 8B's Q4_0 shapes in a probe, the fastest over a layer's four GEMVs (48.5 µs
 # against the float GEMV's 89.6: gate/up 20.5, down 14.3, q/k/v 7.7, o 6.0 µs; H200; the tool's sweep of the five
-# best: benchmarks/results/gemv-q8-tiles-llama3-8b-q4_0-h200.json)
+# best: benchmarks/results/gemv-llama3-8b-q4_0-h200-q8-tiles.json, the float GEMV's:
+# benchmarks/results/gemv-llama3-8b-q4_0-h200-float.json)
 TILES = Tiles(bn=2, values=4096, warps=4, stages=1)
 
 
