@@ -56,7 +56,8 @@ MAX_BLOCKS = 4096  # column blocks of one split-K GEMV at most (the semaphores: 
 DECODE_BK, DECODE_STAGES = 512, 3  # a decode row's rounds where K takes more than one TILE (`_tiles`): a choice by
 # analogy with the Q4 GEMV's third shape, to be measured on the 8B
 QUANT_BK = 1024  # values of K per round for a decode row reading Q4 blocks (`_gemv2`'s QK: 64 blocks, 4 KB of a
-# 4-column tile, as many bytes a round as the bf16 rounds of 512): a choice by analogy, to be measured on the Q4_0 8B
+# 4-column tile): the fastest of 256–2,048 in `device_run.sh fused-tiles` on the Q4_0 8B (H200, ninth session; that
+# run's file was lost with its session: docs/journal.md, 2026-12-03 tenth session)
 Q8_ROWS, Q8_BK = 2, 2048  # with q8_dot: weight rows a program and values of K a step of a decode row reading x as
 # int8 words (`_gemv2_q8`), unpipelined — q8_gemv's tile (2 rows, 4,096 values a step), the fastest of 21 there
 Q8_BLOCKS = 32  # x's blocks a `_quantize_row` program writes

@@ -32,10 +32,10 @@ from triton.runtime.interpreter import InterpretedFunction
 from kerneltriage.kernels.quant_gemv import BLOCK, KINDS, PROGRAMS, QuantWeight, Tiles, launch
 
 # what q8_gemv launches with (gemv_sweep.py --tiles sets others to time them): 2 rows, 4,096 values a step, 4 warps,
-# no pipelining — of 21 tiles on an 8B's Q4_0 shapes in a probe, the fastest over a layer's four GEMVs (48.5 µs
-# against the float GEMV's 89.6: gate/up 20.5, down 14.3, q/k/v 7.7, o 6.0 µs; H200; the tool's sweep of the five
-# best: benchmarks/results/gemv-llama3-8b-q4_0-h200-q8-tiles.json, the float GEMV's:
-# benchmarks/results/gemv-llama3-8b-q4_0-h200-float.json)
+# no pipelining — the fastest over a layer's GEMVs of the five best of 21 tiles in a probe, timed again by the tool
+# on an 8B's Q4_0 shapes: packed q/k/v 7.9 µs, o 6.0, packed gate/up 20.6 (76.6% of copy), down 14.5 — 49.0 µs a
+# layer against the float GEMV's 90.3 (12.6, 9.5, 44.7, 23.5) (H200;
+# benchmarks/results/gemv-llama3-8b-q4_0-h200-q8-tiles.json, benchmarks/results/gemv-llama3-8b-q4_0-h200-float.json)
 TILES = Tiles(bn=2, values=4096, warps=4, stages=1)
 
 
