@@ -13,12 +13,18 @@
 #       | split -b 50000000 -d -a 1 - blobpart.
 #   .llamasrc/llama.cpp.tar.xz  llama.cpp's source (the llama-cpp-python 0.3.36 sdist's vendor/llama.cpp without
 #              models/, docs/, media/, .github/; 8.8 MB), for the llama.cpp peer
-# A call may carry 64 MiB: one 50 MB part, the tree and the llama.cpp source fit. Parts are kept outside the tree
+# A call may carry 64 MB with the tree: one 50 MB part and the tree fit; the wheels and llama.cpp's source go in the
+# first call, which carries no part (a warm machine keeps them). Parts are kept outside the tree
 # while the machine stays warm: the model is whole after parts 0 and 1, MLX after part 3. Then run
 # `source benchmarks/device_env.sh; bash benchmarks/tools/device_run.sh STEP...`.
 MODEL_BYTES=98362432
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 || return 1
+# the wheels once: a warm machine keeps /tmp/site, so a later call may leave .whl behind for a larger part
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || return 1
+fi
+[ -d /tmp/site/gguf ] || { echo "device_env: no wheels in .whl/ or /tmp/site (carry .whl)" >&2; return 1; }
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 export KERNELTRIAGE_CACHE=/tmp/ktcache
 mkdir -p /tmp/ktparts "$KERNELTRIAGE_CACHE/models"
 cp .devblob/*/blobpart.* /tmp/ktparts/ 2>/dev/null

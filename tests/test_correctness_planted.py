@@ -197,3 +197,26 @@ def test_a_speculative_run_captures_every_graph_it_may_replay_before_its_first_s
     captured = len(replays_at_capture)
     assert list(generate_step(runner, prompt, GREEDY, 290)) == first and len(replays_at_capture) == captured
     assert runner.counters["spec"] > 0
+
+
+@pytest.mark.parametrize(("planted_in_a", "passes"), [(True, True), (False, False)])
+def test_a_fault_both_sides_share_is_not_charged_to_b(monkeypatch: pytest.MonkeyPatch, planted_in_a: bool,
+                                                      passes: bool) -> None:
+    """The float32 semantic check judges what B adds to A: a 3% fault in a lever A has too is A's (the precision
+    bound still holds B to A's distance from float32), the same fault in a lever only B has fails B."""
+    monkeypatch.setattr(equivalence, "DIGEST_PROMPTS", 1)
+    monkeypatch.setattr(equivalence, "DIGEST_TOKENS", 8)
+    stock_fused_norm = levers.APPLIERS["fused_norm"]
+
+    def planted(runner, value):  # noqa: ANN001, ANN202 - a reordering lever whose code is off by 3%
+        stock_fused_norm(runner, value)
+        logits = runner.model.logits
+        runner.model.logits = lambda hidden: logits(hidden) * 1.03
+
+    monkeypatch.setitem(levers.APPLIERS, "fused_norm", planted)
+    checkpoint = tiny_checkpoint("llama")
+    a = BACKEND.build(checkpoint, RunConfig.from_flags("fused_norm" if planted_in_a else ""), "cpu", "bfloat16")
+    b = BACKEND.build(checkpoint, RunConfig.from_flags("fused_norm,packed_qkv"), "cpu", "bfloat16")
+    result = equivalence.check_outputs(BACKEND, a, b)
+    assert result.reference == "float32" and result.passed is passes, result.detail
+    assert (result.semantic_error < 1e-4) if planted_in_a else (result.semantic_error > 0.015), result.detail

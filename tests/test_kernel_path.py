@@ -186,3 +186,24 @@ def test_a_triton_kernel_off_a_gpu_without_the_interpreter_is_refused_before_it_
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(InputError, match=f"kernel={ref}: a Triton kernel, and Triton has no backend for cpu"):
         BACKEND.build(tiny_checkpoint("llama"), RunConfig.from_flags(f"kernel={ref}"), "cpu", "float32")
+
+
+def test_kernel_run_takes_the_depth_its_ab_and_timing_run_at(kernels: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """-d sets the A/B's cache depth and the isolation timing's (an attention kernel's worth shows at depth);
+    a negative one is one line and exit status 2."""
+    monkeypatch.setattr("kerneltriage.engine.sources.load_checkpoint", lambda spec: tiny_checkpoint("llama"))
+    seen = []
+
+    def run_kernel(backend, runner, ref, settings, progress):  # noqa: ANN001, ANN202 - records the settings only
+        seen.append(settings)
+        return kernel_path.check_kernel(backend, runner, ref, settings)
+
+    monkeypatch.setattr(kernel_path, "run_kernel", run_kernel)
+    base = ["kernel", "run", "--kernel", f"{kernels}:GOOD", "--model", "tiny", "--device", "cpu", "--rows", "1",
+            "--depths", "0", "--ledger", str(tmp_path / "ledger.db")]
+    assert main(base + ["-d", "24"]) == 0 and main(base) == 0
+    assert [(s.ab.depth, s.time_depth) for s in seen] == [(24, 24), (0, kernel_path.TIME_DEPTH)]
+    assert main(base + ["-d", "-3"]) == 2
+    assert "depth ≥ 0" in capsys.readouterr().err

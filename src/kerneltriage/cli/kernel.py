@@ -18,6 +18,7 @@ ACTIONS = ("check", "run")
 EPILOG = """examples:
   kerneltriage kernel check --kernel my_kernels.py:RMSNORM            correctness only, at the default model's shapes
   kerneltriage kernel run --kernel my_kernels.py:RMSNORM --model llama3-8b --levers graphs
+  kerneltriage kernel run --kernel my_attention.py:DECODE --levers graphs -d 4096 -p 64 -n 128   attention at depth
   kerneltriage ledger export --format md                              the kernel ledger, among the rest
 
 A kernel is a `kerneltriage.engine.kernels.Kernel(seam, fn, exact=False)` in FILE.py or an importable module; `fn`
@@ -53,6 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-p", "--n-prompt", dest="prompt", type=int, default=512, help="ab prefill tokens (512)")
     parser.add_argument("-n", "--n-gen", dest="gen", type=int, default=32, help="ab decode tokens (32)")
     parser.add_argument("-r", "--repetitions", dest="pairs", type=int, default=8, help="ab pairs per block (8)")
+    parser.add_argument("-d", "--n-depth", dest="depth", type=int, default=0,
+                        help="tokens in the cache before ab's tests, and the isolation timing's depth when set (an "
+                             "attention kernel's worth shows at depth; default: 0, timed at 512)")
     parser.add_argument("--output", choices=("table", "json"), default="table", help="table | json")
     parser.add_argument("--ledger", type=Path, default=default_ledger_path(), help="ledger file (default: %(default)s)")
     parser.set_defaults(func=run)
@@ -73,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     backend = get_backend(args.backend)  # the backend's clocks are sealed before the candidate's code first runs
     kernel = load_kernel(args.kernel)  # a bad reference is one line before any loading
     try:
-        settings = kernel_path.KernelSettings(args.rows, args.depths, ab=ab.Settings(args.prompt, args.gen, args.pairs))
+        settings = kernel_path.KernelSettings(args.rows, args.depths, time_depth=args.depth or kernel_path.TIME_DEPTH,
+                                              ab=ab.Settings(args.prompt, args.gen, args.pairs, depth=args.depth))
     except ValueError as exc:
         raise InputError(f"kernel: {exc}") from None
     checkpoint = load_checkpoint(args.model)

@@ -30,6 +30,7 @@ from kerneltriage.triage.shares import seam_shares
 
 DECODE_ROWS, VERIFY_ROWS, PREFILL_ROWS = 1, 9, 64  # a decode step, a k = 8 verify, a block of prompt rows
 SHARE_STEPS = 8  # decode steps profiled for the seam's share
+TIME_DEPTH = 512  # cache depth of the isolation timing unless the A/B's depth is given
 WARM_LANES = ("chained", "queued")  # the lanes whose ratio bounds what the kernel can give (not the cold lane)
 
 
@@ -40,7 +41,7 @@ class KernelSettings:
     rows: tuple[int, ...] = (DECODE_ROWS, VERIFY_ROWS, PREFILL_ROWS)
     depths: tuple[int, ...] = (0, 512)
     time_rows: int = DECODE_ROWS
-    time_depth: int = 512
+    time_depth: int = TIME_DEPTH
     ab: ab.Settings = field(default_factory=lambda: ab.Settings(prompt=512, gen=32, pairs=8))
 
     def __post_init__(self) -> None:
