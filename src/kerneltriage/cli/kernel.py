@@ -129,4 +129,5 @@ def _timing_line(t: Any) -> str:
         low, high = kernel_guards.spread(t.kernel_samples)
         spread = f" [IQR {low * 1e6:.2f}–{high * 1e6:.2f}]"
     return (f"  isolation {t.lane:8s} {t.kernel_seconds * 1e6:9.2f} µs{spread} vs stock "
-            f"{t.stock_seconds * 1e6:9.2f} µs = {t.ratio:.2f}× (median of {len(t.kernel_samples)} samples, {t.timer})")
+            f"{t.stock_seconds * 1e6:9.2f} µs = {t.ratio:.2f}× ("
+            + (f"median of {len(t.kernel_samples)} samples, " if t.kernel_samples else "") + f"{t.timer})")

@@ -123,6 +123,13 @@ TABLE: tuple[Lever, ...] = (
           seams=("qkv",), backends=BOTH, devices=DEVICES),
     Lever("packed_gate_up", "dispatch", "model", "gate and up from one matmul instead of two", numerics="reorders",
           seams=("gate_up",), backends=BOTH, devices=DEVICES),
+    # cpu_streams after the packed levers: it splits whatever projections they stacked
+    Lever("cpu_streams", "fast-path", "model", "MLX on the CPU: every projection's output rows (the output head's "
+          "too) split across one CPU stream per core, each part's product on its own thread (MLX runs a stream on one "
+          "thread, and its CPU matmuls use no other)", seams=("qkv", "o_proj", "gate_up", "down", "lm_head"),
+          backends=("mlx",), devices=("cpu",),
+          clashes=(Clash(("compile",), "a compiled step would take the streams' ops into one trace", ("mlx",)),
+                   Clash(("vocab_compact",), "it gathers rows of the output head this lever splits", ("mlx",)))),
     # int4mm after the packed levers: it repacks whatever blocks they stacked
     Lever("int4mm", "fast-path", "model", "quantized's Q4_0/Q4_1 projections through torch's int4 matmul "
           "(`_weight_int4pack_mm`, gpt-fast's tinygemm) at ≤ 16 rows instead of our Triton GEMV: the library's "

@@ -1,6 +1,7 @@
 """The MLX appliers of the lever table (`engine/levers.py`): one per lever name, applied to a Runner from outside
 the model in the table's order, after checking that the lever runs on this backend, on this device and on this
-model's seams. The projection levers live here; quantized weights in `quant_lever.py`, attention's in
+model's seams. The projection levers live here; quantized weights in `quant_lever.py`, the CPU's row split across
+streams in `cpu_streams.py`, attention's in
 `attention_levers.py`, compile in `accelerate.py`, custom kernels in `kernel_lever.py`.
 """
 
@@ -12,7 +13,8 @@ from typing import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
-from kerneltriage.backends.mlx import accelerate, attention_levers, counting, kernel_lever, quant_lever, vocab_compact
+from kerneltriage.backends.mlx import (accelerate, attention_levers, counting, cpu_streams, kernel_lever, quant_lever,
+                                       vocab_compact)
 from kerneltriage.backends.mlx.load import keep_stock_weights
 from kerneltriage.backends.mlx.runner import Runner
 from kerneltriage.engine.configuration import RunConfig
@@ -54,14 +56,14 @@ def _packed(runner: Runner, lever: str, module: nn.Module, names: tuple[str, ...
     parts = [module[name] for name in names]
     sizes = [p.weight.shape[0] for p in parts]
     splits = [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)]  # where each part's rows end
-    packed = _stacked(parts)
+    key = f"packed_{'_'.join(names)}"
     for name in names:
         module.pop(name)
-    module[f"packed_{'_'.join(names)}"] = packed
+    module[key] = _stacked(parts)
 
     def forward(x: mx.array) -> tuple[mx.array, ...]:
         counting.ran(runner, lever)
-        return tuple(mx.split(packed(x), splits, axis=-1))
+        return tuple(mx.split(module[key](x), splits, axis=-1))  # looked up each call: a later lever may wrap it
 
     return forward
 
@@ -83,6 +85,7 @@ def packed_gate_up(runner: Runner, value: str | None = None) -> None:
 APPLIERS: dict[str, Applier] = {
     "quantized": quant_lever.quantized,
     "packed_qkv": packed_qkv, "packed_gate_up": packed_gate_up,
+    "cpu_streams": cpu_streams.cpu_streams,
     "sdpa_unfused": lambda runner, value: attention_levers.sdpa_unfused(runner),
     "kernel": kernel_lever.install,
     "last_logits": last_logits,
