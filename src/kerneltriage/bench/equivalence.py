@@ -212,7 +212,8 @@ def shared_levers(a: Runner, b: Runner) -> RunConfig | None:
 def _float32_rows(backend: Backend, runner: Runner, config: RunConfig | None, prompts: Sequence[Sequence[int]],
                   count: int, fed: Sequence[Sequence[int]], kept: Outputs | None = None) -> np.ndarray:
     """Forced logits of `runner`'s weights in float32 with `config`'s levers (None: stock), the model released after;
-    stock's kept in `kept` for the next check on the same weights (a climb checks every winner against them)."""
+    kept in `kept` for the next check on the same weights (a climb checks each winner against the levers it shares
+    with the round's base: the previous winner's rows)."""
     def make() -> np.ndarray:
         rebuilt = backend.float32_reference(runner, config)
         try:
@@ -220,9 +221,10 @@ def _float32_rows(backend: Backend, runner: Runner, config: RunConfig | None, pr
         finally:
             backend.release(rebuilt)
 
-    if kept is None or config is not None:
+    if kept is None:
         return make()
-    return kept.reference(runner, ("forced", frozen(prompts), count, frozen(fed)), make)
+    levers = "stock" if config is None else config.text
+    return kept.reference(runner, levers, ("forced", frozen(prompts), count, frozen(fed)), make)
 
 
 def seam_checks(backend: Backend, b: Runner) -> dict[str, tuple[float, float, float]]:

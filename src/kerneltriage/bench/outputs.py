@@ -44,12 +44,13 @@ class Outputs:
             self.kept[key] = [list(t) for t in tokens]
         return self.kept[key]  # type: ignore[return-value]
 
-    def reference(self, runner: Runner, what: tuple, make: Callable[[], T]) -> T:
-        """Rows of `runner`'s weights upcast to float32 under stock levers (`make` builds them), kept for any runner
-        of the same checkpoint and dtype whose weights hold the stock values."""
+    def reference(self, runner: Runner, levers: str, what: tuple, make: Callable[[], T]) -> T:
+        """Rows of `runner`'s weights upcast to float32 under `levers` (a configuration's text; `make` builds them),
+        kept for any runner of the same checkpoint and dtype whose weights hold the stock values: a climb's winner's
+        rows are the next round's reference (the levers both sides share)."""
         if not runner.run_config.stock_values:
             return make()
-        key = (id(runner.checkpoint), "float32-stock", runner.dtype, *what)
+        key = (id(runner.checkpoint), "float32", levers, runner.dtype, *what)
         if key not in self.kept:
             self.kept[key] = make()
         return self.kept[key]  # type: ignore[return-value]
