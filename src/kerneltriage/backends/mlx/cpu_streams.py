@@ -5,8 +5,9 @@ matmul is reference BLAS, its quantized one a scalar loop, `qmm_t`): a decode st
 own streams are the fast path left unused — the rows of each projection (the packed ones and the output head
 included) go to the streams in near-equal parts, the first on the default stream, and one concatenate joins them.
 Each output row is the same dot product over the same values in the same order: the lever is exact (greedy tokens
-equal; `tests/test_mlx_cpu_streams.py`). One 1,536 × 576 float32 product at M = 1 took 1.5 ms on one stream and
-0.83 ms on two on the 2-core machine, and a chain of such products 1.7× less (journal, 2026-12-04).
+equal; `tests/test_mlx_cpu_streams.py`). One 1,536 × 576 float32 product at M = 1 took 1.45 ms on one stream and
+0.75 ms on two on the 2-core machine, a dependent chain of such products 1.7× less
+(`benchmarks/results/mlx-cpu-streams-probe.txt`).
 """
 
 from __future__ import annotations
