@@ -46,7 +46,7 @@ def _load_average() -> float | None:
         return None
 
 
-def _cpu_count() -> int | None:
+def cpu_count() -> int | None:
     """CPUs this process may run on (a container's affinity, not the host's count)."""
     try:
         return len(os.sched_getaffinity(0))
@@ -56,7 +56,7 @@ def _cpu_count() -> int | None:
 
 def cpu_readings() -> dict[str, Any]:
     """The CPU side of a Snapshot: load average, CPUs, cumulative busy seconds of the machine and of us."""
-    return {"load_avg_1m": _load_average(), "cpu_count": _cpu_count(), "cpu_busy_s": _cpu_busy_seconds(),
+    return {"load_avg_1m": _load_average(), "cpu_count": cpu_count(), "cpu_busy_s": _cpu_busy_seconds(),
             "self_cpu_s": _self_cpu_seconds()}
 
 

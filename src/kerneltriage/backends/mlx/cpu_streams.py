@@ -13,14 +13,15 @@ equal; `tests/test_mlx_cpu_streams.py`). One 1,536 × 576 float32 product at M =
 from __future__ import annotations
 
 import copy
-import os
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_unflatten
 
 from kerneltriage.backends.mlx import counting
 from kerneltriage.backends.mlx.quant import QuantizedEmbedding, QuantizedLinear
 from kerneltriage.backends.mlx.runner import Runner
+from kerneltriage.core.contention import cpu_count
 
 ROW_ARRAYS = ("weight", "scales", "biases", "bias")  # the arrays of a Linear / QuantizedLinear indexed by output row
 MIN_ROWS = 64  # a part keeps at least this many rows: smaller projections stay whole
@@ -28,7 +29,7 @@ MIN_ROWS = 64  # a part keeps at least this many rows: smaller projections stay 
 
 def cores() -> int:
     """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cpu_count() or 1
 
 
 class _Parts:
@@ -78,10 +79,6 @@ def cpu_streams(runner: Runner, value: str | None = None) -> None:
     """fast-path: every Linear and QuantizedLinear of the model (the layers' projections, packed or not, and the
     output head) computed in row parts on one CPU stream per core; the parts' arrays are views of the whole's rows."""
     streams = [mx.default_stream(mx.cpu)] + [mx.new_stream(mx.cpu) for _ in range(cores() - 1)]
-    for name, module in list(runner.model.named_modules()):
-        if isinstance(module, (nn.Linear, QuantizedLinear)) and not isinstance(module, QuantizedEmbedding):
-            *path, leaf = name.split(".")
-            parent = runner.model
-            for step in path:
-                parent = parent[int(step)] if step.isdigit() else parent[step]
-            parent[leaf] = SplitRows(module, streams, runner)
+    split = [(name, SplitRows(module, streams, runner)) for name, module in runner.model.named_modules()
+             if isinstance(module, (nn.Linear, QuantizedLinear)) and not isinstance(module, QuantizedEmbedding)]
+    runner.model.update_modules(tree_unflatten(split))

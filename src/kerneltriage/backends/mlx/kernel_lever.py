@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_unflatten
 
 from kerneltriage.backends.mlx import counting
 from kerneltriage.backends.mlx.models.llama import RMSNorm
@@ -43,13 +44,8 @@ class KernelNorm(nn.Module):
 
 def _norm(runner: Runner, fn: Callable) -> None:
     model = runner.model
-    for name, module in list(model.named_modules()):
-        if isinstance(module, RMSNorm):
-            *path, leaf = name.split(".")
-            parent = model
-            for part in path:
-                parent = parent[int(part)] if part.isdigit() else parent[part]
-            parent[leaf] = KernelNorm(module, fn)
+    model.update_modules(tree_unflatten([(name, KernelNorm(module, fn)) for name, module in model.named_modules()
+                                         if isinstance(module, RMSNorm)]))
 
 
 def _attention(runner: Runner, fn: Callable, decode: bool) -> None:
