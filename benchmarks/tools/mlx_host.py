@@ -1,9 +1,11 @@
 """Where an MLX decode step's time goes, kerneltriage's (per lever set) beside mlx-lm's on the same weights: the
 first calls one by one (a compiled step traces, and on CUDA compiles its fused kernels, on the first), then the
-steady state as three numbers: the graph build (the step call returning, before any evaluation: Python and MLX's
-graph on the host), the synchronous step (build and evaluation, one token at a time) and the pipelined token (the
-next step built while the last one runs, as `one_sync` and mlx-lm's generate do). A host-bound step has its
-pipelined token near its build; a device-bound one near the evaluation.
+steady state: the graph build (the step call returning, before any evaluation: Python and MLX's graph on the
+host), the synchronous step (build and evaluation, one token at a time), the pipelined token (mlx-lm's pattern: each
+step's greedy token queued with its step, the last one read while the next runs) and the engine's own token loop (ours
+through the runner's loop and sampler with its levers, as `bench` times it; mlx-lm's `generate_step`). On a GPU, MLX
+encodes a step's kernels on the host thread that queues it, so a host-bound step's token is its build plus that
+encoding; a loop slower than the pipelined token spends the difference in its own work between steps.
 
 Usage: python benchmarks/tools/mlx_host.py [--model default] [--device gpu] [--dtype float16] [-p 64] [-n 64]
            [--levers quantized,packed_qkv] [--levers ...,compile=blocks] [--out FILE.json]
@@ -24,6 +26,7 @@ import mlx.core as mx
 from kerneltriage.backends.mlx.backend import BACKEND
 from kerneltriage.core.environment import capture_environment
 from kerneltriage.engine.configuration import RunConfig
+from kerneltriage.engine.sampling import SamplingParams
 from kerneltriage.engine.sources import load_checkpoint
 from kerneltriage.peers.mlxlm import load_gguf_model
 
@@ -49,46 +52,61 @@ def profile(step: Callable[[mx.array], mx.array], token: mx.array, steps: int) -
         mx.eval(out)
         build.append(built - began)
         whole.append(time.perf_counter() - began)
-    began = time.perf_counter()
-    nxt = step(token)
+    began = time.perf_counter()  # mlx-lm's pattern: each step's token queued with its step, the last one read
+    nxt = mx.argmax(step(token), axis=-1)
     mx.async_eval(nxt)
     for _ in range(steps):
         last = nxt
-        nxt = step(mx.argmax(last, axis=-1).reshape(1, 1).astype(mx.int32))
+        nxt = mx.argmax(step(last.reshape(1, 1)), axis=-1)
         mx.async_eval(nxt)
-        mx.eval(last)  # the last token's logits read while the next step runs
-    mx.eval(nxt)
-    pipelined = (time.perf_counter() - began) / (steps + 1)
-    return {"first_ms": first, "build": _ms(build), "step": _ms(whole), "pipelined_ms": pipelined * 1e3,
-            "tokens_per_s": 1 / pipelined}
+        last.item()
+    nxt.item()
+    return {"first_ms": first, "build": _ms(build), "step": _ms(whole),
+            "pipelined_ms": (time.perf_counter() - began) / (steps + 1) * 1e3}
 
 
 def ours(checkpoint: Any, levers: str, device: str, dtype: str, prompt: int, steps: int) -> dict[str, Any]:
     runner = BACKEND.build(checkpoint, RunConfig.from_flags(levers), device, dtype)
-    runner.reset_cache(prompt + FIRST + 2 * steps + 2)
-    mx.eval(runner.prefill(list(range(100, 100 + prompt)), 0))
+    prefix = list(range(100, 100 + prompt))
+    runner.reset_cache(prompt + FIRST + 3 * steps + 3)
+    mx.eval(runner.prefill(prefix, 0))
     position = [prompt]
 
     def step(token: mx.array) -> mx.array:
         position[0] += 1
         return runner.decode_step(runner.model, token, position[0] - 1)  # unscheduled: the build alone
 
-    return profile(step, mx.array([[5]], dtype=mx.int32), steps)
+    row = profile(step, mx.array([[5]], dtype=mx.int32), steps)
+    runner.reset_cache(prompt + steps + 1)  # the engine's own token loop, as `bench` times it
+    loop = runner.loop(runner.prefill(prefix, 0), prompt, steps + 1, runner.sampler(SamplingParams(), prefix))
+    next(loop)
+    began = time.perf_counter()
+    assert len(list(loop)) == steps
+    return {**row, "loop_ms": (time.perf_counter() - began) / steps * 1e3}
 
 
 def mlx_lm(checkpoint: Any, dtype: str, prompt: int, steps: int) -> dict[str, Any]:
+    from mlx_lm.generate import generate_step
     from mlx_lm.models.cache import make_prompt_cache
 
     model = load_gguf_model(checkpoint, getattr(mx, dtype))
+    prefix = mx.array([list(range(100, 100 + prompt))], dtype=mx.int32)
     cache = make_prompt_cache(model)
-    mx.eval(model(mx.array([list(range(100, 100 + prompt))], dtype=mx.int32), cache=cache))
-    return profile(lambda token: model(token, cache=cache)[:, -1, :], mx.array([[5]], dtype=mx.int32), steps)
+    mx.eval(model(prefix, cache=cache))
+    row = profile(lambda token: model(token, cache=cache)[:, -1, :], mx.array([[5]], dtype=mx.int32), steps)
+    loop = generate_step(prefix[0], model, max_tokens=steps + 1, sampler=lambda logits: mx.argmax(logits, axis=-1),
+                         prompt_cache=make_prompt_cache(model))  # its own token loop, as the mlx-lm peer times it
+    next(loop)
+    began = time.perf_counter()
+    assert len(list(loop)) == steps
+    return {**row, "loop_ms": (time.perf_counter() - began) / steps * 1e3}
 
 
 def _line(name: str, row: dict[str, Any]) -> str:
     first = " ".join(f"{ms:.1f}" for ms in row["first_ms"])
     return (f"{name:70s} first calls {first} ms; build {row['build']['median_ms']:.2f} ms, step "
-            f"{row['step']['median_ms']:.2f} ms, pipelined {row['pipelined_ms']:.2f} ms ({row['tokens_per_s']:.0f}/s)")
+            f"{row['step']['median_ms']:.2f} ms, pipelined {row['pipelined_ms']:.2f} ms, its own token loop "
+            f"{row['loop_ms']:.2f} ms ({1e3 / row['loop_ms']:.0f} tok/s)")
 
 
 def main() -> None:
