@@ -45,7 +45,10 @@ def test_census_counts_one_host_wait_per_token_with_its_call_site(levers: str) -
     assert census["readbacks"] == 1.0
     (site,) = census["readback_sites"]
     assert site.startswith(".item() @ kerneltriage/backends/mlx/runner.py")
-    assert census["scheduled"] >= 1.0  # the sampler schedules each token as it is made (not a wait)
+    # the sampler schedules each token as it is made (not a wait), the step's graph with it: one evaluation a token,
+    # never a second for the step (its host pass and commit) nor a third for the read (pipelined, the 4 counted
+    # tokens take 3 steps inside the count)
+    assert 0.75 <= census["scheduled"] <= 1.0
 
 
 def test_census_catches_a_planted_sync() -> None:

@@ -2,9 +2,14 @@
 protocol's runner methods (tokens in and out, a synchronized clock, logits on the host). The torch runner's
 shape, slot for slot; what differs is that MLX builds graphs lazily and evaluates them when a value is read.
 
-So every step the runner takes is scheduled as it returns (`mx.async_eval` of its logits), as a CUDA launch is
+So the steps the runner takes are scheduled as they return (`mx.async_eval` of their logits), as a CUDA launch is
 queued: a synchronized clock (`mx.synchronize`) then waits for the work it should time. Left lazy, a prefill
-"timed" between two synchronized clocks is only the graph being built (a first bench showed 5,000 tok/s).
+"timed" between two synchronized clocks is only the graph being built (a first bench showed 5,000 tok/s). A decode
+step is the exception: a token loop samples from it at once, and the sampler queues the token with the step's graph
+under it (`sampling.py`), one `async_eval` a token, as mlx-lm's `generate_step` does. Every `async_eval` costs the host
+its own pass over the graph and its own commit, and a token evaluated inside the next step's graph would be read only
+once that whole step has run (MLX signals one event per evaluation). Under a constraint the sampler waits for the
+last token on the host before it samples, so there the step is queued first.
 """
 
 from __future__ import annotations
@@ -47,11 +52,10 @@ def _scheduled(logits: mx.array) -> mx.array:
 
 
 class _Pending:
-    """A token scheduled (`mx.async_eval`) and read when asked: `result` waits for that token only."""
+    """A token the sampler scheduled, read when asked: `result` waits for that token's evaluation only."""
 
     def __init__(self, token: mx.array) -> None:
         self.token = token
-        mx.async_eval(token)
 
     def result(self) -> int:
         return int(self.token.item())  # type: ignore[arg-type]  # mlx's stub: item() -> int | float | complex
@@ -122,8 +126,10 @@ class Runner(RunnerBase):
     def decode(self, token: int | mx.array, position: int, rows: Sequence[int] | None = None) -> mx.array:
         step = token.reshape(1, 1) if isinstance(token, mx.array) else self.tensor([token])
         if rows is not None and self.compact_step is not None:
-            return _scheduled(self.compact_step(self.model, step, position, rows))
-        return _scheduled(self.decode_step(self.model, step, position))
+            logits = self.compact_step(self.model, step, position, rows)
+        else:
+            logits = self.decode_step(self.model, step, position)
+        return logits if self.checkpoint.grammar is None else _scheduled(logits)  # the sampler queues it (above)
 
     def verify(self, last: int, drafts: Sequence[int] | mx.array, start: int, rows: int) -> mx.array:
         drafted = drafts if isinstance(drafts, mx.array) else mx.array(list(drafts))

@@ -1,8 +1,9 @@
 """Sampling on the device: no host sync inside (the token stays an array until the caller reads it), the logits
 processors of one generation, and speculative acceptance through the same processors.
 
-MLX is lazy: a sampled token is scheduled at once (`mx.async_eval`), as a CUDA launch would be queued, so the
-token loops order the work on MLX as they do on torch (`one_sync` queues step n+1 before token n is read).
+MLX is lazy: a sampled token is scheduled at once (`mx.async_eval`), as a CUDA launch would be queued, and with it
+the decode step under it (the runner leaves a step's graph to its token: one evaluation a token), so the token loops
+order the work on MLX as they do on torch (`one_sync` queues step n+1 before token n is read).
 """
 
 from __future__ import annotations
