@@ -193,9 +193,6 @@ def test_a_choice_a_backend_does_not_take_is_refused_by_the_table() -> None:
     from kerneltriage.engine.levers import Place, parse_setting, refusal
 
     autotune = parse_setting("compile=max-autotune-no-cudagraphs")
-    assert refusal(autotune, (), Place("mlx", "cpu", "llama")) == "takes compile=default or compile=blocks on mlx"
+    assert refusal(autotune, (), Place("mlx", "cpu", "llama")) == "takes compile=default on mlx"
     assert refusal(parse_setting("compile=default"), (), Place("mlx", "cpu", "llama")) is None
     assert refusal(autotune, (), Place("torch", "cpu", "llama")) is None
-    blocks = parse_setting("compile=blocks")  # MLX's alone: torch.compile has no such mode
-    assert refusal(blocks, (), Place("torch", "cuda", "llama")) == (
-        "takes compile=default or compile=max-autotune-no-cudagraphs on torch")

@@ -187,10 +187,9 @@ TABLE: tuple[Lever, ...] = (
     Lever("last_logits", "delete", "step", "prefill computes the output projection for the last position only",
           phases=("prefill",), seams=("lm_head",), backends=BOTH, devices=DEVICES),
     Lever("compile", "dispatch", "step", "decode step (and verify) through torch.compile, or mx.compile on a static "
-          "cache (MLX: default; or blocks, each layer's fixed-shape parts of a decode step, attention and the cache "
-          "eager)", phases=("decode",), numerics="reorders",
-          choices=("default", "max-autotune-no-cudagraphs", "blocks"), backends=BOTH, devices=DEVICES,
-          only=(("mlx", ("default", "blocks")), ("torch", ("default", "max-autotune-no-cudagraphs"))),
+          "cache (MLX: default only)", phases=("decode",), numerics="reorders",
+          choices=("default", "max-autotune-no-cudagraphs"), backends=BOTH, devices=DEVICES,
+          only=(("mlx", ("default",)),),  # mx.compile has no modes
           warmup=(("torch", 60.0),)),  # inductor: 40-80 s per compilation of the default model on the H200
     Lever("compile_prefill", "dispatch", "step", "the prefill step through torch.compile, the prompt length "
           "dynamic: one compilation for every length, one call instead of an eager launch per op",

@@ -22,7 +22,7 @@ from kerneltriage.backends.mlx.runner import Runner, StepFn, decode_one, verify_
 from kerneltriage.core.errors import InputError
 
 WINDOW = 256  # compiled steps attend over a multiple of this many cache slots (mlx-lm grows its cache by 256 too)
-MODES = ("default", "blocks")  # the whole step, or each layer's fixed-shape parts (compiled_blocks.py)
+MODES = ("default",)  # mx.compile has no modes: torch's max-autotune has no MLX counterpart
 
 
 class CompiledStep:
@@ -64,15 +64,9 @@ class CompiledStep:
 
 
 def compile_steps(runner: Runner, mode: str | None) -> None:
-    """dispatch: mx.compile of the decode step and the verify forward, on a static cache; or (`blocks`) of each
-    layer's fixed-shape parts of a decode step, the cache and attention eager."""
+    """dispatch: mx.compile of the decode step and the verify forward, on a static cache."""
     if mode not in MODES:
-        raise InputError(f"--levers compile={mode}: expected compile={'|'.join(MODES)} on MLX")
-    if mode == "blocks":
-        from kerneltriage.backends.mlx.compiled_blocks import compile_blocks
-
-        compile_blocks(runner)
-        return
+        raise InputError(f"--levers compile={mode}: MLX compiles one way; expected compile={'|'.join(MODES)}")
     runner.cache_type = StaticKVCache
     runner.decode_step = CompiledStep(runner, decode_one)
     runner.verify_step = CompiledStep(runner, verify_rows)
