@@ -8,7 +8,7 @@ encodes a step's kernels on the host thread that queues it, so a host-bound step
 encoding; a loop slower than the pipelined token spends the difference in its own work between steps.
 
 Usage: python benchmarks/tools/mlx_host.py [--model default] [--device gpu] [--dtype float16] [-p 64] [-n 64]
-           [--levers quantized,packed_qkv] [--levers ...,compile=blocks] [--out FILE.json]
+           [--levers quantized] [--levers quantized,packed_qkv,...] [--out FILE.json]
 Lines print as each measurement ends (a run cut short keeps what it printed).
 """
 
