@@ -53,11 +53,11 @@ def profile(step: Callable[[mx.array], mx.array], token: mx.array, steps: int) -
         build.append(built - began)
         whole.append(time.perf_counter() - began)
     began = time.perf_counter()  # mlx-lm's pattern: each step's token queued with its step, the last one read
-    nxt = mx.argmax(step(token), axis=-1)
+    nxt = mx.argmax(step(token), axis=-1).astype(mx.int32)  # int32, as our sampler feeds it (journal)
     mx.async_eval(nxt)
     for _ in range(steps):
         last = nxt
-        nxt = mx.argmax(step(last.reshape(1, 1)), axis=-1)
+        nxt = mx.argmax(step(last.reshape(1, 1)), axis=-1).astype(mx.int32)
         mx.async_eval(nxt)
         last.item()
     nxt.item()

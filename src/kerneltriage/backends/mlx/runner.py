@@ -6,10 +6,10 @@ So the steps the runner takes are scheduled as they return (`mx.async_eval` of t
 queued: a synchronized clock (`mx.synchronize`) then waits for the work it should time. Left lazy, a prefill
 "timed" between two synchronized clocks is only the graph being built (a first bench showed 5,000 tok/s). A decode
 step is the exception: a token loop samples from it at once, and the sampler queues the token with the step's graph
-under it (`sampling.py`), one `async_eval` a token, as mlx-lm's `generate_step` does. Every `async_eval` costs the host
-its own pass over the graph and its own commit, and a token evaluated inside the next step's graph would be read only
-once that whole step has run (MLX signals one event per evaluation). Under a constraint the sampler waits for the
-last token on the host before it samples, so there the step is queued first.
+under it (`sampling.py`), one `async_eval` a token, as mlx-lm's `generate_step` does. Every `async_eval` costs the
+host its own pass over the graph and its own commit, and a token evaluated inside the next step's graph would be
+read only once that whole step has run (MLX signals an evaluation's outputs, not the arrays inside it). Under a
+constraint the sampler waits for the last token on the host before it samples, so there the step is queued first.
 """
 
 from __future__ import annotations
