@@ -53,6 +53,15 @@ def test_speculation_through_compiled_levered_steps_equals_plain() -> None:
     assert runner.counters[SPEC_COUNTER] > 0 and runner.counters["compile=default"] > 0
 
 
+@pytest.mark.parametrize("levers", ["", "one_sync"])
+def test_speculation_pipelines_its_plain_steps_as_one_sync_and_counts_them_where_asked(levers: str) -> None:
+    """MLX runs no resident steps: under `one_sync` the speculative loop's pipelined plain steps are the lever's
+    (an A/B of speculation on a stack with it would otherwise read `one_sync` as never run)."""
+    runner = mlx_runner(tiny_checkpoint("llama"), levers, spec="suffix", depth="auto")
+    assert tuple(generate_step(runner, PROMPT, GREEDY, NEW)) == plain("llama")
+    assert (runner.counters["one_sync"] > 0) == (levers == "one_sync")
+
+
 def test_sampled_speculation_is_seeded() -> None:
     def sampled(seed: int) -> list[int]:
         runner = mlx_runner(tiny_checkpoint("llama"), spec="selfdraft:2", depth="3")  # the whole target drafts

@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterator, TypeGuard
 
 from kerneltriage.core.errors import InputError
-from kerneltriage.engine.decoding import first_logits, next_logits
+from kerneltriage.engine.decoding import ONE_SYNC, first_logits, next_logits
 from kerneltriage.engine.speculative.config import (AUTO_MAX_DEPTH, PADDED_MAX_DEPTH, TREE_GREEDY_ONLY, Speculation,
                                                     padded_rows)
 from kerneltriage.engine.speculative.controller import DepthController
@@ -151,7 +151,9 @@ class SpeculativeDecoder:
         `_follow`); the step queued when that changes is still read, and the next step drafts after it — a draft
         that missed that token would not have paid its verify. A model drafter, which costs a forward to ask, and a
         fixed depth get one step at a time while drafting is on. A step's cost is the time between two tokens
-        arriving: the device's step when the host keeps up."""
+        arriving: the device's step when the host keeps up. Under `one_sync` each step queued ahead here counts as
+        the lever's (it replaced `one_sync`'s own loop; without the count an A/B of speculation on a stack with
+        `one_sync`, on a runner with no resident steps — MLX — read the lever as never run: invalid)."""
         position = len(context) - 1  # where the token being fed goes
         token = sampler(first_logits(runner, sampler, context[-1], position))
         self._settle()
@@ -162,6 +164,8 @@ class SpeculativeDecoder:
             more = len(context) + 1 < end and self._keep_plain()
             if more:  # queue the next step before waiting for this token (a constraint's mask: while it runs)
                 token = sampler(next_logits(runner, sampler, token, pending, position + 1))
+                if self.queue_ahead:  # what `one_sync` asks of a step, done here where no step runs resident
+                    runner.counters[ONE_SYNC] += 1
             elif sampler.host_bound:
                 sampler.follow(pending.result())
             context.append(pending.result())
