@@ -133,3 +133,36 @@ def test_ceilings_are_measured_on_mlx_and_cached_under_an_mlx_key(tmp_path: Path
     (key,) = json.loads(path.read_text())
     assert f"mlx {mx.__version__} cpu" in key and ceilings.get_ceilings("cpu", "float32", path=path) == first
     assert "copy numpy" in key  # the CPU's memory rate, not MLX's elementwise pass (10× below it on a 2-core EPYC)
+
+
+def test_under_a_constraint_the_step_is_queued_before_the_host_waits_for_the_last_token() -> None:
+    """A decode step stays lazy for its token's evaluation, except where the sampler must wait on the host for the
+    last token first (a constraint's `follow`): there the loop queues the step before it waits."""
+    from kerneltriage.engine.decoding import next_logits
+
+    runner, events = mlx_runner(tiny_checkpoint()), []
+    scheduled = runner.queue
+    runner.queue = lambda logits: (events.append("queue"), scheduled(logits))[1]  # type: ignore[method-assign]
+
+    class Read:
+        def result(self) -> int:
+            events.append("read")
+            return 5
+
+    class Constrained:  # what the loops ask of a sampler with host state
+        host_bound = True
+
+        def follow(self, token: int) -> None:
+            events.append("follow")
+
+    runner.reset_cache(len(PREFIX) + 2)
+    mx.eval(runner.prefill(PREFIX, 0))
+    next_logits(runner, Constrained(), mx.array([5]), Read(), len(PREFIX))
+    assert events == ["queue", "read", "follow"]
+    events.clear()
+
+    class Free(Constrained):
+        host_bound = False
+
+    next_logits(runner, Free(), mx.array([5]), Read(), len(PREFIX) + 1)
+    assert events == []  # the sampler queues it with its token

@@ -119,6 +119,10 @@ class Steps(Protocol):
         has the rule); it runs the step and accepts greedily, appending what it emits; its writes end before
         position `reach`. Nothing waits for the host between two of them."""
 
+    def queue(self, logits: Array) -> Array:
+        """Start the device on a step's work now, before the host waits on something else: `logits` itself. (MLX
+        builds a step lazily for the sampler to queue with its token; a torch step is queued as it is built.)"""
+
     def read_later(self, token: Array) -> Pending:
         """Start copying a device token to the host without waiting for it."""
 

@@ -30,7 +30,7 @@ def next_logits(runner: "Steps", sampler: "Sampler", token: Any, read: "Pending"
     if runner.compact_limit:
         sampler.follow(read.result())
         return runner.decode(token, position, sampler.rows(runner.compact_limit))
-    logits = runner.decode(token, position)
+    logits = runner.queue(runner.decode(token, position))  # started before the host waits for the token
     sampler.follow(read.result())  # the host's work for step i+1 while the device runs it
     return logits
 

@@ -8,8 +8,9 @@ queued: a synchronized clock (`mx.synchronize`) then waits for the work it shoul
 step is the exception: a token loop samples from it at once, and the sampler queues the token with the step's graph
 under it (`sampling.py`), one `async_eval` a token, as mlx-lm's `generate_step` does. Every `async_eval` costs the
 host its own pass over the graph and its own commit, and a token evaluated inside the next step's graph would be
-read only once that whole step has run (MLX signals an evaluation's outputs, not the arrays inside it). Under a
-constraint the sampler waits for the last token on the host before it samples, so there the step is queued first.
+read only once that whole step has run (MLX signals an evaluation's outputs, not the arrays inside it). Where the
+sampler waits for the last token on the host before it samples (a constraint), the loop queues the step first
+(`queue`).
 """
 
 from __future__ import annotations
@@ -126,10 +127,11 @@ class Runner(RunnerBase):
     def decode(self, token: int | mx.array, position: int, rows: Sequence[int] | None = None) -> mx.array:
         step = token.reshape(1, 1) if isinstance(token, mx.array) else self.tensor([token])
         if rows is not None and self.compact_step is not None:
-            logits = self.compact_step(self.model, step, position, rows)
-        else:
-            logits = self.decode_step(self.model, step, position)
-        return logits if self.checkpoint.grammar is None else _scheduled(logits)  # the sampler queues it (above)
+            return self.compact_step(self.model, step, position, rows)  # the sampler queues it (above)
+        return self.decode_step(self.model, step, position)
+
+    def queue(self, logits: mx.array) -> mx.array:
+        return _scheduled(logits)
 
     def verify(self, last: int, drafts: Sequence[int] | mx.array, start: int, rows: int) -> mx.array:
         drafted = drafts if isinstance(drafts, mx.array) else mx.array(list(drafts))

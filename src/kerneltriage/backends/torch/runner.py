@@ -137,6 +137,9 @@ class Runner(RunnerBase):
             return self.compact_step(self.model, step, position, rows)
         return self.decode_step(self.model, step, position)
 
+    def queue(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits  # launched as it was built
+
     @torch.inference_mode()
     def verify(self, last: int, drafts: Sequence[int] | torch.Tensor, start: int, rows: int) -> torch.Tensor:
         """Logits (k+1, V) of [last, drafts…] at start…, padded to `rows` with the last token repeated: the causal
