@@ -19,7 +19,7 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import mlx.core as mx
 
@@ -65,6 +65,15 @@ def profile(step: Callable[[mx.array], mx.array], token: mx.array, steps: int) -
             "pipelined_ms": (time.perf_counter() - began) / (steps + 1) * 1e3}
 
 
+def loop_ms(loop: Iterator[Any], steps: int) -> float:
+    """Milliseconds a token of a token loop's `steps` tokens after its first (the prefill's)."""
+    next(loop)
+    began = time.perf_counter()
+    if len(list(loop)) != steps:
+        raise RuntimeError(f"the token loop gave other than {steps} tokens after its first")
+    return (time.perf_counter() - began) / steps * 1e3
+
+
 def ours(checkpoint: Any, levers: str, device: str, dtype: str, prompt: int, steps: int) -> dict[str, Any]:
     runner = BACKEND.build(checkpoint, RunConfig.from_flags(levers), device, dtype)
     prefix = list(range(100, 100 + prompt))
@@ -79,10 +88,7 @@ def ours(checkpoint: Any, levers: str, device: str, dtype: str, prompt: int, ste
     row = profile(step, mx.array([[5]], dtype=mx.int32), steps)
     runner.reset_cache(prompt + steps + 1)  # the engine's own token loop, as `bench` times it
     loop = runner.loop(runner.prefill(prefix, 0), prompt, steps + 1, runner.sampler(SamplingParams(), prefix))
-    next(loop)
-    began = time.perf_counter()
-    assert len(list(loop)) == steps
-    return {**row, "loop_ms": (time.perf_counter() - began) / steps * 1e3}
+    return {**row, "loop_ms": loop_ms(loop, steps)}
 
 
 def mlx_lm(checkpoint: Any, dtype: str, prompt: int, steps: int) -> dict[str, Any]:
@@ -96,10 +102,7 @@ def mlx_lm(checkpoint: Any, dtype: str, prompt: int, steps: int) -> dict[str, An
     row = profile(lambda token: model(token, cache=cache)[:, -1, :], mx.array([[5]], dtype=mx.int32), steps)
     loop = generate_step(prefix[0], model, max_tokens=steps + 1, sampler=lambda logits: mx.argmax(logits, axis=-1),
                          prompt_cache=make_prompt_cache(model))  # its own token loop, as the mlx-lm peer times it
-    next(loop)
-    began = time.perf_counter()
-    assert len(list(loop)) == steps
-    return {**row, "loop_ms": (time.perf_counter() - began) / steps * 1e3}
+    return {**row, "loop_ms": loop_ms(loop, steps)}
 
 
 def _line(name: str, row: dict[str, Any]) -> str:
